@@ -1,0 +1,48 @@
+# Two commands from a fresh clone:  make test   and   make demo
+# Both create .venv when it is missing and install ctuq into it, holding
+# torch to the CPU build 2.13.0 through constraints.txt.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.ctuq-installed
+
+# Debian packages that Xvfb and Qt's xcb platform plugin need (napari draws under X).
+APT_PACKAGES := xvfb xauth libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0 \
+	libxcb-render-util0 libxcb-xinerama0 libxcb-xkb1 libxcb-shape0 libxcb-randr0 \
+	libxkbcommon-x11-0 libegl1 libgl1 libfontconfig1 libdbus-1-3 libglib2.0-0
+
+.PHONY: test demo install apt-deps bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+apt-deps:
+	@missing=""; for p in $(APT_PACKAGES); do \
+		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			echo "installing:$$missing"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		else \
+			echo "warning: missing Debian packages (run as root or install them):$$missing"; \
+		fi; \
+	fi
+
+test: $(STAMP) apt-deps
+	QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1280x1024x24" $(PY) -m pytest
+
+demo: $(STAMP)
+	$(VENV)/bin/ctuq demo --out demo_out
+
+bench: $(STAMP)
+	$(PY) scripts/bench_operators.py
+
+clean:
+	rm -rf $(VENV) demo_out .pytest_cache .hypothesis

@@ -1,0 +1,371 @@
+"""Small helpers shared by the readers and writers: path checks, array
+validation, unit conversion, JSON and HDF5 string handling.
+
+Every check here raises :class:`ctuq.errors.InputError` naming the file and
+the field, so that nothing a user supplies can end in a bare ``KeyError`` or
+``OSError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctuq.errors import InputError
+
+log = logging.getLogger(__name__)
+
+#: Magic numbers used to recognise a file by its content.
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+
+
+# -- paths -----------------------------------------------------------------
+def check_input_file(path) -> Path:
+    """Return ``path`` as a :class:`~pathlib.Path` after checking that it is a
+    readable, non-empty regular file.
+
+    Raises
+    ------
+    InputError
+        If the path does not exist, is a directory, is empty or unreadable.
+    """
+    try:
+        p = Path(os.fspath(path))
+    except TypeError:
+        raise InputError(f"not a file path: {path!r}", field="path") from None
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise InputError("no such file", file=p) from None
+    except OSError as exc:
+        raise InputError(f"cannot access the file ({exc.strerror or exc})", file=p) from exc
+    if p.is_dir():
+        raise InputError("is a directory, not a file", file=p)
+    if not p.is_file():
+        raise InputError("is not a regular file", file=p)
+    if st.st_size == 0:
+        raise InputError("the file is empty", file=p)
+    if not os.access(p, os.R_OK):
+        raise InputError("the file is not readable (permission denied)", file=p)
+    return p
+
+
+def sniff(path: Path) -> str | None:
+    """Recognise a file by its first bytes.
+
+    Returns
+    -------
+    {'hdf5', 'npy', 'npz', 'tiff'} or None
+        None when the content matches none of them.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if head.startswith(HDF5_SIGNATURE):
+                return "hdf5"
+            if head.startswith(NPY_MAGIC):
+                return "npy"
+            if head[:4] in ZIP_MAGICS:
+                return "npz"
+            if head[:4] in TIFF_MAGICS:
+                return "tiff"
+            # HDF5 allows a user block: the signature may sit at 512, 1024, ...
+            offset = 512
+            while offset + 8 <= size:
+                fh.seek(offset)
+                if fh.read(8) == HDF5_SIGNATURE:
+                    return "hdf5"
+                offset *= 2
+    except OSError as exc:
+        raise InputError(f"cannot read the file ({exc.strerror or exc})", file=path) from exc
+    return None
+
+
+def sha256_file(path, chunk: int = 1 << 20) -> str:
+    """SHA-256 hex digest of a file's bytes (to record an input in a result).
+
+    Raises
+    ------
+    InputError
+        If the file cannot be read.
+    """
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(chunk), b""):
+                h.update(block)
+    except OSError as exc:
+        raise InputError(f"cannot read the file ({exc.strerror or exc})", file=path) from exc
+    return h.hexdigest()
+
+
+# -- arrays ----------------------------------------------------------------
+def check_numeric(arr, *, file, field: str) -> np.ndarray:
+    """Return ``arr`` as an ndarray of a real numeric dtype (not yet cast).
+
+    Booleans, complex numbers, strings and objects are refused: none of them
+    is a measured sinogram and casting them would silently invent values.
+    """
+    try:
+        arr = np.asarray(arr)
+    except Exception as exc:  # e.g. ragged nested lists
+        raise InputError(f"cannot be read as an array ({exc})", file=file, field=field) from exc
+    kind = arr.dtype.kind
+    if kind not in "iuf":
+        what = {"b": "boolean", "c": "complex", "U": "text", "S": "bytes", "O": "object",
+                "V": "compound/void", "M": "datetime", "m": "timedelta"}.get(kind, str(arr.dtype))
+        raise InputError(f"has a non-numeric dtype ({what}, {arr.dtype}); a real number array "
+                         "is needed", file=file, field=field)
+    return arr
+
+
+def check_shape(arr, *, file, field: str, ndims=(2, 3)) -> np.ndarray:
+    """Check dtype (real numeric), number of dimensions and non-emptiness
+    without casting; see :func:`check_array`."""
+    arr = check_numeric(arr, file=file, field=field)
+    if ndims is not None and arr.ndim not in ndims:
+        allowed = " or ".join(str(n) for n in ndims)
+        raise InputError(f"has {arr.ndim} dimension(s) {tuple(arr.shape)}; {allowed} expected",
+                         file=file, field=field)
+    if arr.size == 0:
+        raise InputError(f"is empty (shape {tuple(arr.shape)})", file=file, field=field)
+    return arr
+
+
+def check_array(arr, *, file, field: str, ndims=(2, 3), finite: bool = True,
+                dtype=np.float32) -> np.ndarray:
+    """Validate a numeric array and cast it to ``dtype``.
+
+    Parameters
+    ----------
+    arr : array_like
+        The values.
+    file, field
+        Named in any error.
+    ndims : tuple of int or None
+        Allowed numbers of dimensions; None allows any.
+    finite : bool
+        Refuse NaN and +-Inf (checked after the cast, so float64 values that
+        overflow float32 are caught too).
+    dtype : numpy dtype
+        Target dtype. Default float32.
+
+    Raises
+    ------
+    InputError
+        Non-numeric dtype, wrong number of dimensions, empty, NaN or Inf.
+    """
+    arr = check_shape(arr, file=file, field=field, ndims=ndims)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.asarray(arr, dtype=dtype, order="C")
+    if finite:
+        bad = ~np.isfinite(out)
+        if bad.any():
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            n_nan = int(np.isnan(out).sum())
+            raise InputError(f"contains {int(bad.sum())} non-finite value(s) ({n_nan} NaN, "
+                             f"{int(bad.sum()) - n_nan} infinite or too large for "
+                             f"{np.dtype(dtype).name}), first at index {first}",
+                             file=file, field=field)
+    return out
+
+
+def flat_dark_correct(proj, flat=None, dark=None, *, file, field: str = "data",
+                      flat_field: str = "flat", dark_field: str = "dark") -> np.ndarray:
+    """Beer-Lambert correction ``p = -log((I - D) / (F - D))``.
+
+    Parameters
+    ----------
+    proj : ndarray, shape (n_angles, ...)
+        Raw intensities ``I``, one frame per angle.
+    flat, dark : ndarray or None
+        Flat (open beam) and dark frames, either a stack ``(n_frames, ...)``
+        averaged over axis 0 or one frame shaped like ``proj[0]``. A missing
+        flat means the data are already normalised transmissions (F = 1); a
+        missing dark means D = 0.
+    file, field, flat_field, dark_field
+        Named in any error.
+
+    Returns
+    -------
+    ndarray, float32, shape of ``proj``
+        Line integrals.
+
+    Raises
+    ------
+    InputError
+        Darks without flats, shape mismatch, or any non-positive ``I - D`` or
+        ``F - D`` (the logarithm would be undefined).
+    """
+    proj = np.asarray(proj, dtype=np.float64)
+    frame_shape = proj.shape[1:]
+
+    def _mean_frame(frames, name):
+        frames = np.asarray(frames, dtype=np.float64)
+        if frames.ndim == proj.ndim:
+            frames = frames.mean(axis=0)
+        if frames.shape != frame_shape:
+            raise InputError(f"frames of shape {frames.shape} do not match the projections "
+                             f"{frame_shape}", file=file, field=name)
+        return frames
+
+    if flat is None and dark is not None:
+        raise InputError("dark frames are present but no flat frames: cannot normalise",
+                         file=file, field=dark_field)
+    d = 0.0 if dark is None else _mean_frame(dark, dark_field)
+    f = 1.0 if flat is None else _mean_frame(flat, flat_field)
+    num = proj - d
+    den = np.broadcast_to(np.asarray(f - d, dtype=np.float64), frame_shape)
+    if np.any(den <= 0):
+        n = int((den <= 0).sum())
+        where = "flat - dark" if dark is not None else "flat"
+        raise InputError(f"{where} is not positive at {n} detector pixel(s); cannot take the "
+                         "logarithm", file=file, field=flat_field)
+    if np.any(num <= 0):
+        n = int((num <= 0).sum())
+        first = tuple(int(i) for i in np.argwhere(num <= 0)[0])
+        where = "intensity - dark" if dark is not None else "intensity"
+        raise InputError(f"{where} is not positive at {n} value(s) (first at index {first}); "
+                         "cannot take the logarithm", file=file, field=field)
+    return (-np.log(num / den)).astype(np.float32)
+
+
+# -- units -----------------------------------------------------------------
+_LENGTH_TO_MM = {
+    "m": 1e3, "meter": 1e3, "metre": 1e3, "meters": 1e3, "metres": 1e3,
+    "cm": 10.0, "mm": 1.0, "millimeter": 1.0, "millimetre": 1.0, "millimeters": 1.0,
+    "millimetres": 1.0, "um": 1e-3, "µm": 1e-3, "μm": 1e-3, "micron": 1e-3, "microns": 1e-3,
+    "micrometer": 1e-3, "micrometre": 1e-3, "micrometers": 1e-3, "micrometres": 1e-3,
+    "nm": 1e-6,
+}
+_ANGLE_UNITS = {"deg": "deg", "degree": "deg", "degrees": "deg", "°": "deg",
+                "rad": "rad", "radian": "rad", "radians": "rad"}
+
+
+def attr_str(value) -> str | None:
+    """Decode an HDF5 string value or attribute (bytes, str, 0-d/1-element array)."""
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray):
+        if value.size != 1:
+            return None
+        value = value.reshape(-1)[0]
+    if isinstance(value, (bytes, np.bytes_)):
+        return bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def length_mm(value, units, *, file, field: str) -> float:
+    """A scalar length converted to millimetres from its ``units`` attribute.
+
+    A missing ``units`` attribute is read as millimetres (ctuq's unit) and
+    logged as a warning, since metres are common in NeXus files.
+    """
+    value = scalar(value, file=file, field=field)
+    u = attr_str(units)
+    if u is None or not u.strip():
+        log.warning("%s:%s has no units attribute; assuming millimetres", file, field)
+        factor = 1.0
+    else:
+        factor = _LENGTH_TO_MM.get(u.strip().lower())
+        if factor is None:
+            raise InputError(f"unknown length unit {u!r}", file=file, field=f"{field}@units")
+    return value * factor
+
+
+def angles_rad(values, units, *, file, field: str) -> np.ndarray:
+    """Angles as float64 radians; without a ``units`` attribute they are degrees."""
+    arr = check_array(values, file=file, field=field, ndims=(1,), dtype=np.float64)
+    u = attr_str(units)
+    kind = "deg" if u is None or not u.strip() else _ANGLE_UNITS.get(u.strip().lower())
+    if kind is None:
+        raise InputError(f"unknown angle unit {u!r} (degrees or radians expected)",
+                         file=file, field=f"{field}@units")
+    return np.deg2rad(arr) if kind == "deg" else arr
+
+
+def scalar(value, *, file, field: str) -> float:
+    """A finite float from a scalar or a constant 1-element/all-equal array."""
+    arr = check_array(value, file=file, field=field, ndims=None, dtype=np.float64)
+    if arr.size > 1:
+        if not np.all(arr == arr.reshape(-1)[0]):
+            raise InputError(f"holds {arr.size} different values; one value expected",
+                             file=file, field=field)
+    return float(arr.reshape(-1)[0])
+
+
+# -- JSON ------------------------------------------------------------------
+def to_jsonable(obj, *, field: str, file=None) -> Any:
+    """Convert ``obj`` to plain JSON types (dict/list/str/int/float/bool/None).
+
+    NumPy scalars and arrays become Python numbers and lists, tuples become
+    lists, paths become strings. Dict keys must be strings.
+
+    Raises
+    ------
+    InputError
+        If something cannot be represented (an object, a non-string key).
+    """
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, (int, np.integer)) and not isinstance(obj, np.bool_):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj)
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise InputError(f"dictionary key {k!r} is not a string", file=file, field=field)
+            out[k] = to_jsonable(v, field=f"{field}.{k}", file=file)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v, field=f"{field}[{i}]", file=file) for i, v in enumerate(obj)]
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in "biuf":
+            raise InputError(f"array of dtype {obj.dtype} cannot be stored as JSON",
+                             file=file, field=field)
+        return obj.tolist()
+    raise InputError(f"value of type {type(obj).__name__} cannot be stored as JSON",
+                     file=file, field=field)
+
+
+def dumps(obj, *, field: str, file=None) -> str:
+    """JSON text of ``obj`` (NaN and Inf allowed, as Python's json writes them)."""
+    return json.dumps(to_jsonable(obj, field=field, file=file), allow_nan=True)
+
+
+def loads(text, *, file, field: str, kind=None) -> Any:
+    """Parse JSON text read from a file; errors name the file and field."""
+    s = attr_str(text) if not isinstance(text, str) else text
+    if s is None:
+        raise InputError("is not a JSON text", file=file, field=field)
+    try:
+        value = json.loads(s)
+    except ValueError as exc:
+        raise InputError(f"is not valid JSON ({exc})", file=file, field=field) from exc
+    if kind is not None and not isinstance(value, kind):
+        raise InputError(f"JSON holds a {type(value).__name__}, a {kind.__name__} was expected",
+                         file=file, field=field)
+    return value
+
+
+def isclose(a: float, b: float) -> bool:
+    return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-12)

@@ -1,0 +1,453 @@
+"""Differentiable 2-D ray transforms in torch, after deepinv's physics objects.
+
+:class:`RayTransform` is a ``torch.nn.Module`` with ``A`` (forward
+projection), ``A_adjoint`` (back-projection, the exact Euclidean adjoint:
+``<A x, y> = <x, A_adjoint y>`` with plain sums) and ``A_dagger`` (filtered
+back-projection). Every method takes a batch: an image tensor of shape
+``(..., n0, n1)`` maps to a sinogram of shape ``(..., n_angles, n_detector)``.
+Sinogram values are line integrals in image-value × mm.
+
+Backends
+--------
+``'matrix'``
+    The ASTRA system matrix (``astra.projector.matrix``) held as a torch CSR
+    tensor together with a precomputed CSR transpose, on the target device,
+    inside a custom ``torch.autograd.Function`` whose backward is the other
+    matrix. It supports reverse mode (twice: the backward is itself
+    differentiable), forward mode (``torch.func.jvp``) and ``torch.func.vmap``.
+    The matrix is cached on disk, keyed by the geometry's fingerprint
+    (``$CTUQ_CACHE_DIR`` or ``~/.cache/ctuq``).
+``'astra'``
+    ODL's ``RayTransform`` (``astra_cuda`` when the tensors live on a CUDA
+    device and ASTRA has CUDA, ``astra_cpu`` otherwise), for sizes whose
+    matrix does not fit in memory. Slower: every call copies through numpy.
+``'auto'``
+    ``'matrix'`` when its two copies fit in ``max_matrix_bytes``, else
+    ``'astra'``; the choice is logged.
+
+Both backends use ASTRA's ``linear`` projector for parallel beam and
+``line_fanflat`` for fan beam (ODL's defaults), so they agree to float32
+round-off. FBP is ODL's ``fbp_op`` (Hann filter by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ctuq.data.geometry import Geometry
+from ctuq.errors import InputError
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "matrix", "astra")
+DEFAULT_MAX_MATRIX_BYTES = 2 * 1024**3
+
+
+# --------------------------------------------------------------------------
+# ODL / ASTRA set-up
+# --------------------------------------------------------------------------
+def odl_space_and_geometry(geometry: Geometry):
+    """The ODL reconstruction space and ODL geometry of a :class:`Geometry`."""
+    import odl
+    from odl.applications import tomo
+
+    e0, e1 = geometry.image_extent
+    space = odl.uniform_discr([-e0 / 2, -e1 / 2], [e0 / 2, e1 / 2], geometry.image_shape,
+                              dtype="float32")
+    angles = geometry.angles
+    steps = np.diff(angles)
+    if angles.size > 1 and np.allclose(steps, steps[0], rtol=1e-9, atol=1e-12):
+        step = steps[0]
+        apart = odl.uniform_partition(angles[0] - step / 2, angles[-1] + step / 2, angles.size)
+    elif angles.size == 1:
+        apart = odl.uniform_partition(angles[0] - 0.5, angles[0] + 0.5, 1)
+    else:
+        apart = odl.nonuniform_partition(np.sort(angles)) if np.all(steps > 0) else None
+        if apart is None:
+            raise InputError("angles must be sorted increasingly when not equispaced",
+                             field="angles")
+    half = geometry.detector_width / 2
+    dpart = odl.uniform_partition(-half, half, geometry.n_detector)
+    if geometry.beam == "parallel":
+        odl_geom = tomo.Parallel2dGeometry(apart, dpart)
+    else:
+        odl_geom = tomo.FanBeamGeometry(apart, dpart, src_radius=geometry.source_origin,
+                                        det_radius=geometry.origin_detector)
+    return space, odl_geom
+
+
+def _astra_matrix(geometry: Geometry):
+    """The ASTRA CPU system matrix (scipy CSR, float32) that ODL's forward uses."""
+    import astra
+    from odl.applications.tomo.backends.astra_cpu import default_astra_proj_type
+    from odl.applications.tomo.backends.astra_setup import (
+        astra_projection_geometry, astra_projector, astra_volume_geometry)
+
+    space, odl_geom = odl_space_and_geometry(geometry)
+    vol_geom = astra_volume_geometry(space, "cpu")
+    proj_geom = astra_projection_geometry(odl_geom, "cpu")
+    proj_id = astra_projector(default_astra_proj_type(odl_geom), vol_geom, proj_geom, 2)
+    mat_id = astra.projector.matrix(proj_id)
+    try:
+        mat = astra.matrix.get(mat_id).tocsr().astype(np.float32)
+    finally:
+        astra.matrix.delete(mat_id)
+        astra.projector.delete(proj_id)
+    mat.sum_duplicates()
+    mat.eliminate_zeros()
+    return mat
+
+
+def cache_dir() -> Path:
+    """Where system matrices are cached: ``$CTUQ_CACHE_DIR`` or ``~/.cache/ctuq``."""
+    root = os.environ.get("CTUQ_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "ctuq"
+
+
+def system_matrix(geometry: Geometry, use_cache: bool = True):
+    """The system matrix of ``geometry`` as scipy CSR, from the disk cache if there.
+
+    Parameters
+    ----------
+    geometry : Geometry
+    use_cache : bool, optional
+        Read and write the cache. Default True.
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix, shape (n_angles * n_detector, n0 * n1), float32
+        Rows in sinogram C order (angle-major), columns in image C order.
+    """
+    import astra
+    import scipy.sparse as sp
+
+    path = cache_dir() / "matrices" / f"{geometry.fingerprint[:32]}-astra{astra.__version__}.npz"
+    if use_cache and path.exists():
+        try:
+            mat = sp.load_npz(path).tocsr()
+            if mat.shape == (int(np.prod(geometry.range_shape)), int(np.prod(geometry.image_shape))):
+                return mat
+        except (OSError, ValueError) as err:  # a damaged cache entry is rebuilt
+            log.warning("ignoring unreadable matrix cache %s: %s", path, err)
+    mat = _astra_matrix(geometry)
+    if use_cache:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+            os.close(fd)
+            try:
+                with open(tmp, "wb") as f:
+                    sp.save_npz(f, mat, compressed=False)
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+        except OSError as err:  # a read-only home must not stop a reconstruction
+            log.warning("could not cache the system matrix in %s: %s", path.parent, err)
+    return mat
+
+
+def _to_torch_csr(mat, device) -> torch.Tensor:
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": we test what we use
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(mat.indptr.astype(np.int32)),
+            torch.from_numpy(mat.indices.astype(np.int32)),
+            torch.from_numpy(mat.data.astype(np.float32)),
+            size=mat.shape, device=device)
+
+
+# --------------------------------------------------------------------------
+# autograd: a linear map y = M x on the last dimension, with M^T as backward
+# --------------------------------------------------------------------------
+class CsrPair:
+    """A CSR matrix with its precomputed CSR transpose.
+
+    A plain object rather than tensor arguments, so that ``torch.func``
+    transforms do not try to wrap the sparse tensors (they cannot).
+    """
+
+    def __init__(self, mat: torch.Tensor, mat_t: torch.Tensor, _t: "CsrPair | None" = None):
+        self.mat, self.mat_t = mat, mat_t
+        self._t = _t
+
+    @property
+    def T(self) -> "CsrPair":
+        if self._t is None:
+            self._t = CsrPair(self.mat_t, self.mat, self)
+        return self._t
+
+    def to(self, device) -> "CsrPair":
+        return CsrPair(self.mat.to(device), self.mat_t.to(device))
+
+
+class _CsrMatmul(torch.autograd.Function):
+    """``x [B, n] -> x M^T [B, m]`` for a CSR matrix ``M``; backward uses ``M^T``."""
+
+    @staticmethod
+    def forward(x, pair):
+        # sparse @ dense with the batch as columns is the fast layout
+        return torch.sparse.mm(pair.mat, x.t().contiguous()).t()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.pair = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _CsrMatmul.apply(grad, ctx.pair.T), None
+
+    @staticmethod
+    def jvp(ctx, x_tangent, _):
+        return _CsrMatmul.apply(x_tangent, ctx.pair)
+
+    @staticmethod
+    def vmap(info, in_dims, x, pair):
+        # fold the vmapped dimension into the batch of columns
+        x = x.movedim(in_dims[0], 0)
+        v, b, n = x.shape
+        out = _CsrMatmul.apply(x.reshape(v * b, n), pair)
+        return out.reshape(v, b, -1), 0
+
+
+class _OdlLinear(torch.autograd.Function):
+    """An ODL linear operator on numpy, applied image by image."""
+
+    @staticmethod
+    def forward(x, fwd, adj):
+        x_np = x.detach().cpu().numpy()
+        out = np.stack([fwd(xi) for xi in x_np])
+        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).to(x.device)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, ctx.fwd, ctx.adj = inputs
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _OdlLinear.apply(grad, ctx.adj, ctx.fwd), None, None
+
+    @staticmethod
+    def jvp(ctx, x_tangent, *_):
+        return _OdlLinear.apply(x_tangent, ctx.fwd, ctx.adj)
+
+
+# --------------------------------------------------------------------------
+# the operator
+# --------------------------------------------------------------------------
+class RayTransform(torch.nn.Module):
+    """2-D ray transform with forward, adjoint and FBP, batched, on CPU or CUDA.
+
+    Parameters
+    ----------
+    geometry : Geometry
+        The acquisition geometry.
+    backend : {'auto', 'matrix', 'astra'}, optional
+        See the module docstring. Default ``'auto'``.
+    device : str or torch.device, optional
+        Where the operator's tensors live. Default ``'cpu'``.
+    max_matrix_bytes : int, optional
+        Largest matrix (both copies) ``'auto'`` accepts. Default 2 GiB.
+    use_cache : bool, optional
+        Cache system matrices on disk. Default True.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from ctuq.data.geometry import Geometry
+    >>> op = RayTransform(Geometry.parallel(28, n_angles=20), backend="matrix")
+    >>> x = torch.rand(4, 1, 28, 28)
+    >>> op.A(x).shape
+    torch.Size([4, 1, 20, 40])
+    >>> op.A_adjoint(op.A(x)).shape
+    torch.Size([4, 1, 28, 28])
+    """
+
+    def __init__(self, geometry: Geometry, backend: str = "auto", device="cpu", *,
+                 max_matrix_bytes: int = DEFAULT_MAX_MATRIX_BYTES, use_cache: bool = True):
+        super().__init__()
+        if not isinstance(geometry, Geometry):
+            raise InputError(f"expected a Geometry, got {type(geometry).__name__}",
+                             field="geometry")
+        if backend not in BACKENDS:
+            raise InputError(f"must be one of {', '.join(BACKENDS)}, got {backend!r}",
+                             field="backend")
+        self.geometry = geometry
+        self._device = torch.device(device)
+        if backend == "auto":
+            backend = self._choose_backend(max_matrix_bytes)
+        self.backend = backend
+        self._odl = None  # (ray_trafo, fbp_op, adjoint scale), built lazily
+        if backend == "matrix":
+            mat = system_matrix(geometry, use_cache=use_cache)
+            self._pair = CsrPair(_to_torch_csr(mat, self._device),
+                                 _to_torch_csr(mat.T.tocsr(), self._device))
+        log.info("ray transform %s: backend %s on %s", geometry, backend, self._device)
+
+    def _choose_backend(self, max_bytes: int) -> str:
+        # ASTRA's linear projector touches about two detector cells per pixel and angle;
+        # each stored entry costs 4 (value) + 4 (int32 column index) bytes, times two copies
+        n_pixels = int(np.prod(self.geometry.image_shape))
+        est_bytes = 2 * 8 * 2 * n_pixels * self.geometry.n_angles
+        choice = "matrix" if est_bytes <= max_bytes else "astra"
+        log.info("backend 'auto' chose %r (matrix estimated at %.2f GiB, limit %.2f GiB)",
+                 choice, est_bytes / 1024**3, max_bytes / 1024**3)
+        return choice
+
+    # -- device handling: sparse tensors are plain attributes, moved by hand ----
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        probe = fn(torch.zeros(1, device=self._device))
+        if probe.device != self._device:
+            self._device = probe.device
+            if self.backend == "matrix":
+                self._pair = self._pair.to(self._device)
+            self._odl = None
+        return self
+
+    @property
+    def domain_shape(self) -> tuple[int, int]:
+        return self.geometry.image_shape
+
+    @property
+    def range_shape(self) -> tuple[int, int]:
+        return self.geometry.range_shape
+
+    # -- ODL objects --------------------------------------------------------
+    def _odl_ops(self):
+        if self._odl is None:
+            from odl.applications import tomo
+
+            space, odl_geom = odl_space_and_geometry(self.geometry)
+            impl = "astra_cpu"
+            if self._device.type == "cuda":
+                import astra
+                if astra.use_cuda():
+                    impl = "astra_cuda"
+            ray = tomo.RayTransform(space, odl_geom, impl=impl)
+            # ODL's adjoint is taken in cell-volume weighted inner products
+            scale = float(space.weighting.const) / float(ray.range.weighting.const)
+            self._odl = (ray, scale)
+        return self._odl
+
+    def _odl_forward(self, x: np.ndarray) -> np.ndarray:
+        return self._odl_ops()[0](x).asarray()
+
+    def _odl_adjoint(self, y: np.ndarray) -> np.ndarray:
+        ray, scale = self._odl_ops()
+        return ray.adjoint(y).asarray() * scale
+
+    def _odl_flat_maps(self):
+        """Forward and adjoint as maps between flat numpy vectors."""
+        img, sino = self.domain_shape, self.range_shape
+        return (lambda v: self._odl_forward(v.reshape(img)).reshape(-1),
+                lambda v: self._odl_adjoint(v.reshape(sino)).reshape(-1))
+
+    # -- the operator -------------------------------------------------------
+    def _check(self, t: torch.Tensor, shape: tuple[int, int], what: str) -> torch.Tensor:
+        if not torch.is_tensor(t):
+            t = torch.as_tensor(t, dtype=torch.float32, device=self._device)
+        if t.ndim < 2 or tuple(t.shape[-2:]) != tuple(shape):
+            raise InputError(f"expected shape (..., {shape[0]}, {shape[1]}), got "
+                             f"{tuple(t.shape)}", field=what)
+        return t
+
+    def _apply_linear(self, t, in_shape, out_shape, forward: bool, what: str):
+        t = self._check(t, in_shape, what)
+        lead = t.shape[:-2]
+        if t.numel() == 0:
+            return t.new_zeros(*lead, *out_shape)
+        flat = t.reshape(-1, in_shape[0] * in_shape[1])
+        if self.backend == "matrix":
+            pair = self._pair if forward else self._pair.T
+            out = _CsrMatmul.apply(flat.float(), pair)
+        else:
+            fwd, adj = self._odl_flat_maps()
+            out = _OdlLinear.apply(flat.float(), *((fwd, adj) if forward else (adj, fwd)))
+        return out.reshape(*lead, *out_shape)
+
+    def A(self, x: torch.Tensor) -> torch.Tensor:
+        """Forward projection.
+
+        Parameters
+        ----------
+        x : Tensor, shape (..., n0, n1)
+
+        Returns
+        -------
+        Tensor, shape (..., n_angles, n_detector)
+        """
+        return self._apply_linear(x, self.domain_shape, self.range_shape, True, "image")
+
+    def A_adjoint(self, y: torch.Tensor) -> torch.Tensor:
+        """Back-projection, the Euclidean adjoint of :meth:`A`.
+
+        Parameters
+        ----------
+        y : Tensor, shape (..., n_angles, n_detector)
+
+        Returns
+        -------
+        Tensor, shape (..., n0, n1)
+        """
+        return self._apply_linear(y, self.range_shape, self.domain_shape, False, "sinogram")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.A(x)
+
+    @torch.no_grad()
+    def fbp(self, y: torch.Tensor, filter_type: str = "Hann",
+            frequency_scaling: float = 1.0) -> torch.Tensor:
+        """Filtered back-projection by ODL's ``fbp_op`` (not differentiable).
+
+        Parameters
+        ----------
+        y : Tensor, shape (..., n_angles, n_detector)
+        filter_type : str, optional
+            ODL filter: ``'Ram-Lak'``, ``'Shepp-Logan'``, ``'Cosine'``,
+            ``'Hamming'`` or ``'Hann'``. Default ``'Hann'``.
+        frequency_scaling : float, optional
+            Relative cut-off frequency in (0, 1]. Default 1.
+
+        Returns
+        -------
+        Tensor, shape (..., n0, n1)
+        """
+        from odl.applications import tomo
+
+        y = self._check(y, self.range_shape, "sinogram")
+        ray, _ = self._odl_ops()
+        fbp = tomo.fbp_op(ray, filter_type=filter_type, frequency_scaling=frequency_scaling)
+        flat = y.detach().reshape(-1, *self.range_shape).cpu().numpy()
+        out = np.stack([fbp(s).asarray() for s in flat]).astype(np.float32)
+        return torch.from_numpy(out).to(y.device).reshape(*y.shape[:-2], *self.domain_shape)
+
+    def A_dagger(self, y: torch.Tensor) -> torch.Tensor:
+        """Pseudo-inverse used as a quick reconstruction: the FBP (Hann)."""
+        return self.fbp(y)
+
+    def opnorm(self, iterations: int = 50, seed: int = 0) -> float:
+        """Operator norm ``||A||_2`` by power iteration on ``A^T A``."""
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(self.domain_shape, generator=gen).to(self._device)
+        norm = 0.0
+        with torch.no_grad():
+            for _ in range(iterations):
+                x = self.A_adjoint(self.A(x))
+                norm = float(x.norm())
+                x = x / norm
+        return float(np.sqrt(norm))
+
+    def extra_repr(self) -> str:
+        return f"{self.geometry!r}, backend={self.backend!r}, device={self._device}"

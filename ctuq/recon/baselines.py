@@ -1,0 +1,242 @@
+"""Classical baselines: filtered back-projection and TV-regularised reconstruction.
+
+The TV reconstruction solves
+
+    min_x  ||A x - y||^2 + lam * TV(x)   subject to  x >= 0,
+
+with the anisotropic TV ``TV(x) = sum |x[i+1,j] - x[i,j]| + |x[i,j+1] - x[i,j]|``
+(the same data term and TV as the DIP loss, so ``lam`` and the DIP's ``gamma``
+are on one scale). The solver is ODL's PDHG, run on our torch ray transform
+wrapped as an ODL operator, so that it gets the speed of the matrix backend.
+
+Default TV weight: ``lam = TV_WEIGHT_FACTOR * sigma * r``, with ``sigma`` the
+noise std and ``r`` the root-mean-square column norm of ``A``: the size of
+``A^T`` applied to unit white noise, per pixel. This balances the gradient of
+the data term on pure noise against the TV sub-gradient and makes one
+constant work across image sizes, angle counts and pixel sizes. The constant
+was chosen by a grid search (``scripts/bench_operators.py --tune-tv``; see the
+README).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+import torch
+
+from ctuq.data.operators import RayTransform
+from ctuq.errors import InputError
+from ctuq.recon.progress import check_cancel, emit_progress
+
+log = logging.getLogger(__name__)
+
+TV_WEIGHT_FACTOR = 1.0
+
+
+def fbp_reconstruction(y, op: RayTransform, filter_type: str = "Hann",
+                       frequency_scaling: float = 1.0) -> torch.Tensor:
+    """Filtered back-projection.
+
+    Parameters
+    ----------
+    y : Tensor or array_like, shape (..., n_angles, n_detector)
+    op : RayTransform
+    filter_type : str, optional
+        Default ``'Hann'``.
+    frequency_scaling : float, optional
+        Default 1.
+
+    Returns
+    -------
+    Tensor, shape (..., n0, n1)
+    """
+    y = torch.as_tensor(y, dtype=torch.float32, device=op.device)
+    return op.fbp(y, filter_type=filter_type, frequency_scaling=frequency_scaling)
+
+
+def rms_column_norm(op: RayTransform, seed: int = 0) -> float:
+    """Root-mean-square column norm of ``A`` (one random probe, exact in expectation)."""
+    gen = torch.Generator().manual_seed(seed)
+    eps = torch.randn(op.range_shape, generator=gen).to(op.device)
+    with torch.no_grad():
+        back = op.A_adjoint(eps)
+    return float(back.norm() / math.sqrt(back.numel()))
+
+
+def default_tv_weight(op: RayTransform, noise_std: float) -> float:
+    """The documented default ``lam = TV_WEIGHT_FACTOR * noise_std * rms_column_norm(A)``."""
+    return TV_WEIGHT_FACTOR * float(noise_std) * rms_column_norm(op)
+
+
+def estimate_noise_std(y) -> float:
+    """Noise std of a sinogram from its finest detector differences (MAD, robust).
+
+    Smooth sinograms have small second differences along the detector, so
+    the median absolute second difference, scaled for Gaussian noise
+    (``sqrt(6)`` for the stencil ``[1, -2, 1]``), estimates the noise std.
+    """
+    y = torch.as_tensor(y, dtype=torch.float64)
+    d2 = y[..., 2:] - 2 * y[..., 1:-1] + y[..., :-2]
+    return float(1.4826 * d2.abs().median() / math.sqrt(6.0))
+
+
+def _odl_wrap(op: RayTransform, scale: float = 1.0):
+    """``scale * A`` as an ODL operator between unit-cell (unweighted) spaces."""
+    import odl
+
+    img, sino = op.domain_shape, op.range_shape
+    dom = odl.uniform_discr([0, 0], img, img, dtype="float32")
+    ran = odl.uniform_discr([0, 0], sino, sino, dtype="float32")
+
+    class _Torch(odl.Operator):
+        def __init__(self, adjoint=False):
+            super().__init__(ran if adjoint else dom, dom if adjoint else ran, linear=True)
+            self._is_adj = adjoint
+
+        def _call(self, x):
+            t = torch.as_tensor(np.asarray(x.asarray() if hasattr(x, "asarray") else x),
+                                dtype=torch.float32, device=op.device)
+            with torch.no_grad():
+                out = op.A_adjoint(t) if self._is_adj else op.A(t)
+            return (scale * out).cpu().numpy()
+
+        @property
+        def adjoint(self):
+            return _Torch(not self._is_adj)
+
+    return _Torch(), dom, ran
+
+
+def _grad(x: torch.Tensor) -> torch.Tensor:
+    """Forward differences with a zero last difference (Neumann), shape (2, n0, n1)."""
+    g = torch.zeros((2, *x.shape), dtype=x.dtype, device=x.device)
+    g[0, :-1] = x[1:] - x[:-1]
+    g[1, :, :-1] = x[:, 1:] - x[:, :-1]
+    return g
+
+
+def _grad_adjoint(g: torch.Tensor) -> torch.Tensor:
+    """Adjoint of :func:`_grad` (minus the divergence)."""
+    out = torch.zeros(g.shape[1:], dtype=g.dtype, device=g.device)
+    out[:-1] -= g[0, :-1]
+    out[1:] += g[0, :-1]
+    out[:, :-1] -= g[1, :, :-1]
+    out[:, 1:] += g[1, :, :-1]
+    return out
+
+
+def tv(x: torch.Tensor) -> torch.Tensor:
+    """Anisotropic total variation of images ``(..., n0, n1)``, summed over pixels."""
+    return ((x[..., 1:, :] - x[..., :-1, :]).abs().sum(dim=(-2, -1))
+            + (x[..., :, 1:] - x[..., :, :-1]).abs().sum(dim=(-2, -1)))
+
+
+def tv_reconstruction(y, op: RayTransform, weight: float | None = None, *,
+                      iterations: int = 1000, noise_std: float | None = None,
+                      nonnegative: bool = True, solver: str = "torch",
+                      progress=None, cancel=None) -> torch.Tensor:
+    """TV-regularised reconstruction by PDHG (Chambolle–Pock).
+
+    Minimises ``||A x - y||^2 + weight * TV(x)`` (``x >= 0``). The problem is
+    solved in the equivalent form ``||B x - y/a||^2 + weight/a^2 TV(x)`` with
+    ``B = A/a``, ``a = ||A||``, so one pair of step sizes suits both ``B``
+    and the finite differences.
+
+    Parameters
+    ----------
+    y : Tensor or array_like, shape (n_angles, n_detector)
+        The sinogram.
+    op : RayTransform
+    weight : float, optional
+        TV weight. Default: :func:`default_tv_weight` with ``noise_std``
+        (estimated from ``y`` by :func:`estimate_noise_std` when not given).
+    iterations : int, optional
+        PDHG iterations. Default 1000.
+    noise_std : float, optional
+        The noise std, used only for the default weight.
+    nonnegative : bool, optional
+        Constrain ``x >= 0``. Default True.
+    solver : {'torch', 'odl'}, optional
+        ``'torch'`` (default): our PDHG in torch, on the operator's device.
+        ``'odl'``: ODL's ``pdhg`` on the same problem (slower per iteration
+        by ODL's overhead; kept as a cross-check, see the tests).
+    progress : callable, optional
+        Receives ``stage="tv"`` progress events every 50 iterations
+        (see :mod:`ctuq.recon.progress`).
+    cancel : callable, optional
+        Returns True to stop; raises :class:`ctuq.errors.Cancelled`.
+
+    Returns
+    -------
+    Tensor, shape (n0, n1)
+    """
+    y = torch.as_tensor(y, dtype=torch.float32, device=op.device)
+    if tuple(y.shape) != tuple(op.range_shape):
+        raise InputError(f"expected shape {op.range_shape}, got {tuple(y.shape)}",
+                         field="sinogram")
+    if weight is None:
+        weight = default_tv_weight(op, estimate_noise_std(y) if noise_std is None else noise_std)
+    if not (math.isfinite(weight) and weight >= 0):
+        raise InputError(f"must be >= 0, got {weight!r}", field="tv_weight")
+    if solver not in ("torch", "odl"):
+        raise InputError(f"must be 'torch' or 'odl', got {solver!r}", field="solver")
+    t0 = time.perf_counter()
+    a = op.opnorm(iterations=30)
+    mu = weight / a**2
+    # ||L||^2 <= ||B||^2 + ||grad||^2 <= 1 + 8 in 2-D; tau * sigma * ||L||^2 < 1
+    tau = sigma = 1.0 / (1.02 * 3.0)
+
+    def report(i):
+        check_cancel(cancel, "TV reconstruction")
+        if i % 50 == 0 or i == iterations:
+            emit_progress(progress, "tv", i, iterations, "PDHG")
+
+    if solver == "odl":
+        x = _tv_odl(y / a, op, a, mu, iterations, tau, sigma, nonnegative, report)
+    else:
+        yb = y / a
+        x = torch.zeros(op.domain_shape, device=op.device)
+        x_bar = x.clone()
+        p = torch.zeros_like(y)
+        q = torch.zeros((2, *op.domain_shape), device=op.device)
+        with torch.no_grad():
+            for i in range(1, iterations + 1):
+                # dual of ||u - yb||^2: prox is (v - sigma yb) / (1 + sigma/2)
+                p = (p + sigma * (op.A(x_bar) / a) - sigma * yb) / (1 + sigma / 2)
+                # dual of mu ||.||_1: projection onto the box [-mu, mu]
+                q = (q + sigma * _grad(x_bar)).clamp_(-mu, mu)
+                x_new = x - tau * (op.A_adjoint(p) / a + _grad_adjoint(q))
+                if nonnegative:
+                    x_new.clamp_(min=0)
+                x_bar = 2 * x_new - x
+                x = x_new
+                report(i)
+    log.info("TV (%s, lam=%.3g, %d iterations) in %.2f s", solver, weight, iterations,
+             time.perf_counter() - t0)
+    return x
+
+
+def _tv_odl(yb, op, a, mu, iterations, tau, sigma, nonnegative, report):
+    import odl
+
+    B, dom, ran = _odl_wrap(op, 1.0 / a)
+    grad = odl.Gradient(dom, pad_mode="order0")  # forward differences, unit spacing
+    L = odl.BroadcastOperator(B, grad)
+    F = odl.functionals
+    g = F.SeparableSum(F.L2NormSquared(ran).translated(ran.element(yb.cpu().numpy())),
+                       mu * F.L1Norm(grad.range))
+    f = F.IndicatorNonnegativity(dom) if nonnegative else F.ZeroFunctional(dom)
+    x = dom.zero()
+
+    class _Callback(odl.solvers.Callback):
+        i = 0
+
+        def __call__(self, _):
+            self.i += 1
+            report(self.i)
+
+    odl.solvers.pdhg(x, f, g, L, niter=iterations, tau=tau, sigma=sigma, callback=_Callback())
+    return torch.as_tensor(np.asarray(x.asarray()), dtype=torch.float32, device=op.device)

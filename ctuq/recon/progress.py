@@ -1,0 +1,70 @@
+"""Progress reporting and cancellation, shared by every long computation.
+
+A long computation takes two optional callables:
+
+- ``progress``: called every few steps, either with keyword arguments
+  ``progress(stage=..., step=..., total=..., message=...)`` or, if it takes a
+  single positional argument, with one :class:`ProgressEvent`;
+- ``cancel``: called without arguments; returning True makes the
+  computation raise :class:`ctuq.errors.Cancelled`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+from ctuq.errors import Cancelled
+
+__all__ = ["ProgressEvent", "emit_progress", "check_cancel"]
+
+
+@dataclass
+class ProgressEvent:
+    """One progress report.
+
+    Parameters
+    ----------
+    stage : str
+        Which stage reports (``"dip"``, ``"mc_dropout"``, ``"em"``, …).
+    step : int
+        Steps done so far.
+    total : int
+        Steps in the stage.
+    message : str
+        A short human-readable status (e.g. the current loss).
+    """
+
+    stage: str
+    step: int
+    total: int
+    message: str = ""
+
+
+def _wants_keywords(fn: Callable) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    names = {p.name for p in params}
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return True
+    return "stage" in names and "step" in names
+
+
+def emit_progress(progress: Callable | None, stage: str, step: int, total: int,
+                  message: str = "") -> None:
+    """Call ``progress`` in whichever of the two styles it accepts (no-op for None)."""
+    if progress is None:
+        return
+    if _wants_keywords(progress):
+        progress(stage=stage, step=step, total=total, message=message)
+    else:
+        progress(ProgressEvent(stage, step, total, message))
+
+
+def check_cancel(cancel: Callable[[], bool] | None, what: str = "computation") -> None:
+    """Raise :class:`~ctuq.errors.Cancelled` if ``cancel()`` returns True."""
+    if cancel is not None and cancel():
+        raise Cancelled(f"{what} cancelled")
