@@ -6,3 +6,23 @@ posterior gives a per-pixel uncertainty map.
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["reconstruct", "reconstruct_file", "ReconstructionConfig", "Result", "Sinogram",
+           "__version__"]
+
+_LAZY = {
+    "reconstruct": "ctuq.recon.pipeline",
+    "reconstruct_file": "ctuq.recon.pipeline",
+    "ReconstructionConfig": "ctuq.recon.config",
+    "Result": "ctuq.data.io",
+    "Sinogram": "ctuq.data.io",
+}
+
+
+def __getattr__(name):
+    # torch, ODL and ASTRA load only when the pipeline is first used
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ctuq' has no attribute {name!r}")

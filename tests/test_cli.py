@@ -21,3 +21,24 @@ def test_user_error_is_one_line_and_exit_code_2(tmp_path: Path, capsys):
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert "ctuq" in capsys.readouterr().out
+
+
+def test_simulate_then_info(tmp_path: Path, capsys):
+    out = tmp_path / "s.h5"
+    assert main(["simulate", str(out), "--phantom", "ellipses", "--size", "24", "--angles",
+                 "12", "--geometry", "fan", "--seed", "3"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "fan" in text and "ground truth" in text and "ellipses" in text
+    # refuses to replace an existing file without --overwrite
+    assert main(["simulate", str(out), "--size", "24"]) == 2
+    assert "overwrite" in capsys.readouterr().err
+
+
+def test_info_on_a_bad_file_is_one_line(tmp_path: Path, capsys):
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(b"garbage")
+    assert main(["info", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.h5" in err and "Traceback" not in err

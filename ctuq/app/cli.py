@@ -30,10 +30,15 @@ def _version(value: bool):
         raise typer.Exit()
 
 
+_state = {"debug": False}
+
+
 @app.callback()
 def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details."),
+          debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
           version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")):
+    _state["debug"] = debug
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
 
@@ -83,6 +88,152 @@ def demo(out: Path = typer.Option(Path("demo_out"), "--out", help="Output folder
                   f"{out / 'demo_reconstructions.npz'} in {time.perf_counter() - t0:.1f} s")
 
 
+@app.command()
+def simulate(out: Path = typer.Argument(..., help="Output NXtomo file (.h5)."),
+             phantom: str = typer.Option("shepp", help="shepp | ellipses | rectangles | digits"),
+             size: int = typer.Option(64, help="Image side in pixels."),
+             angles: int = typer.Option(60, help="Number of projection angles."),
+             noise: float = typer.Option(0.05, help="Noise std relative to mean |A x|."),
+             geometry: str = typer.Option("parallel", help="parallel | fan"),
+             seed: int = typer.Option(0, help="Seed of the phantom and the noise."),
+             overwrite: bool = typer.Option(False, help="Replace an existing OUT.")):
+    """Simulate a sinogram and write it as NXtomo, keeping the ground truth."""
+    from ctuq.data.geometry import Geometry
+    from ctuq.data.io import Sinogram, write_sinogram
+    from ctuq.data.operators import RayTransform
+    from ctuq.data.phantoms import make_phantom
+    from ctuq.data.simulate import simulate_sinogram
+    from ctuq.errors import InputError
+
+    if geometry not in ("parallel", "fan"):
+        raise InputError(f"must be 'parallel' or 'fan', got {geometry!r}", field="--geometry")
+    geom = (Geometry.parallel if geometry == "parallel" else Geometry.fan)(size, angles)
+    truth = make_phantom(phantom, size, seed)
+    y, sigma = simulate_sinogram(truth, RayTransform(geom), noise, seed=seed)
+    sino = Sinogram(y.cpu().numpy(), geom, ground_truth=truth,
+                    meta={"phantom": phantom, "noise_level": noise, "noise_std": sigma,
+                          "seed": seed})
+    path = write_sinogram(out, sino, overwrite=overwrite)
+    console.print(f"wrote {path}: {phantom} {size}², {geom.n_angles} angles "
+                  f"({geometry} beam), noise std {sigma:.4g}")
+
+
+@app.command()
+def info(path: Path = typer.Argument(..., help="A sinogram or result file.")):
+    """Summarise a sinogram or result file."""
+    from ctuq.data.io import detect_format, read_result, read_sinogram
+
+    fmt = detect_format(path)
+    table = Table(title=f"{path} ({fmt})", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    if fmt == "result":
+        r = read_result(path)
+        table.add_row("reconstruction", f"{tuple(r.reconstruction.shape)} float32")
+        table.add_row("mean std", f"{float(r.std.mean()):.4g}")
+        if r.geometry is not None:
+            table.add_row("geometry", repr(r.geometry))
+        table.add_row("created", f"{r.created} by ctuq {r.version} on {r.device}")
+        table.add_row("input", f"{r.input_path} (sha256 {str(r.input_sha256)[:12]}…)")
+        table.add_row("seed", str(r.seed))
+        for k, v in r.hyperparameters.items():
+            table.add_row(f"hyperparameter {k}", _short(v))
+        if r.em_trace:
+            table.add_row("EM steps", str(len(r.em_trace)))
+        for k, v in r.metrics.items():
+            table.add_row(f"metric {k}", _short(v))
+    else:
+        s = read_sinogram(path)
+        table.add_row("sinogram", f"{tuple(s.data.shape)} float32")
+        table.add_row("geometry", repr(s.geometry))
+        table.add_row("ground truth", "yes" if s.ground_truth is not None else "no")
+        for k, v in s.meta.items():
+            table.add_row(k, _short(v))
+    Console().print(table)
+
+
+def _build_config(config_file, preset, device, seed):
+    from ctuq.recon.config import ReconstructionConfig
+
+    cfg = ReconstructionConfig.from_toml(config_file) if config_file else ReconstructionConfig()
+    changes = {k: v for k, v in (("preset", preset), ("device", device), ("seed", seed))
+               if v is not None}
+    return cfg.merged(changes) if changes else cfg
+
+
+@app.command()
+def reconstruct(inputs: list[Path] = typer.Argument(..., help="Sinogram files."),
+                out: Path = typer.Option(..., "--out", help="Output folder."),
+                config: Path = typer.Option(None, "--config", help="TOML settings file."),
+                preset: str = typer.Option(None, help="auto | reference-28 | dip-64 | dip-128 | dip-256"),
+                device: str = typer.Option(None, help="auto | cpu | cuda"),
+                seed: int = typer.Option(None, help="Seed of every random draw."),
+                workers: int = typer.Option(None, help="Local Dask worker processes."),
+                scheduler: str = typer.Option(None, help="Address of a running Dask scheduler."),
+                overwrite: bool = typer.Option(False, help="Recompute complete outputs."),
+                preview: bool = typer.Option(False, help="Also write a PNG figure per result.")):
+    """Reconstruct sinogram files with uncertainty: one result file each, resumable."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ctuq.app.batch import run_batch
+
+    cfg = _build_config(config, preset, device, seed)
+    outcomes = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=False) as bars:
+        batch = bars.add_task("inputs", total=len(inputs))
+        stage = bars.add_task("stage", total=1, visible=False)
+
+        def on_progress(inp, name, step, total, message=""):
+            bars.update(stage, description=f"{Path(inp).name}: {name} {message}"[:70],
+                        completed=step, total=max(total, 1), visible=True)
+
+        def on_outcome(o):
+            outcomes.append(o)
+            bars.advance(batch)
+            if preview and o.status == "done":
+                from ctuq.app.figures import result_figure
+                from ctuq.data.io import read_result
+
+                result_figure(Path(o.output).with_suffix("").with_suffix(".png"),
+                              read_result(o.output), title=Path(o.input).name)
+
+        results = run_batch(inputs, out, cfg.to_dict(), overwrite=overwrite, workers=workers,
+                            scheduler=scheduler, on_progress=on_progress, on_outcome=on_outcome)
+    _summary_table(results)
+    failed = [o for o in results if o.status == "failed"]
+    if failed:
+        console.print(f"[bold red]{len(failed)} of {len(results)} inputs failed[/]")
+        raise typer.Exit(1)
+
+
+def _summary_table(outcomes) -> None:
+    table = Table(title="ctuq reconstruct")
+    for col in ("file", "status", "time (s)", "PSNR (dB)", "±2σ coverage", "mean std", "note"):
+        table.add_column(col, justify="right" if col not in ("file", "status", "note") else "left")
+    colours = {"done": "green", "skipped": "cyan", "failed": "red"}
+    for o in outcomes:
+        m = o.metrics or {}
+        psnr, cov = m.get("psnr"), m.get("coverage_2sigma")
+        table.add_row(Path(o.input).name, f"[{colours[o.status]}]{o.status}[/]",
+                      f"{o.seconds:.1f}" if o.seconds else "",
+                      f"{psnr:.2f}" if psnr is not None else "",
+                      f"{100 * cov:.1f} %" if cov is not None else "",
+                      f"{o.mean_std:.4g}" if o.mean_std is not None else "",
+                      o.error or "")
+    Console().print(table)
+
+
+def _short(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.5g}"
+    if isinstance(value, (list, tuple)) and len(value) > 6:
+        return f"[{', '.join(_short(v) for v in value[:6])}, …] ({len(value)})"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    return str(value)
+
+
 def _demo_figure(path: Path, truth, recons: dict) -> None:
     import matplotlib
 
@@ -110,6 +261,8 @@ def main(argv=None) -> int:
     try:
         app(args=argv, standalone_mode=False)
     except CtuqError as err:
+        if _state["debug"]:
+            console.print_exception()
         console.print(f"[bold red]error:[/] {err}")
         return 2
     except (typer.Exit, SystemExit) as exc:

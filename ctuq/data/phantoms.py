@@ -34,6 +34,13 @@ def _grid(size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.meshgrid(c, c, indexing="ij")
 
 
+def _rotated(x0, x1, c0: float, c1: float, angle: float):
+    """Grid coordinates in a frame centred at ``(c0, c1)`` and turned by ``angle``."""
+    u = (x0 - c0) * np.cos(angle) + (x1 - c1) * np.sin(angle)
+    v = -(x0 - c0) * np.sin(angle) + (x1 - c1) * np.cos(angle)
+    return u, v
+
+
 def shepp_logan(size: int = 128) -> np.ndarray:
     """Modified Shepp–Logan phantom.
 
@@ -91,9 +98,7 @@ def ellipses(size: int = 128, seed: int = 0, n_ellipses: int | None = None) -> n
         r = rng.uniform(0, 0.7)
         phi = rng.uniform(0, 2 * np.pi)
         c0, c1 = r * np.cos(phi), r * np.sin(phi)
-        rot = rng.uniform(0, np.pi)
-        u = (x0 - c0) * np.cos(rot) + (x1 - c1) * np.sin(rot)
-        v = -(x0 - c0) * np.sin(rot) + (x1 - c1) * np.cos(rot)
+        u, v = _rotated(x0, x1, c0, c1, rng.uniform(0, np.pi))
         img[(u / a) ** 2 + (v / b) ** 2 <= 1] += value
     img = np.clip(img, 0, None)
     img[x0**2 + x1**2 > 1] = 0
@@ -126,9 +131,7 @@ def rectangles(size: int = 128, seed: int = 0, n_rectangles: int | None = None) 
         value = rng.uniform(0.2, 1.0)
         half = rng.uniform(0.05, 0.35, size=2)
         c = rng.uniform(-0.45, 0.45, size=2)
-        rot = rng.uniform(0, np.pi)
-        u = (x0 - c[0]) * np.cos(rot) + (x1 - c[1]) * np.sin(rot)
-        v = -(x0 - c[0]) * np.sin(rot) + (x1 - c[1]) * np.cos(rot)
+        u, v = _rotated(x0, x1, c[0], c[1], rng.uniform(0, np.pi))
         inside = (np.abs(u) <= half[0]) & (np.abs(v) <= half[1])
         img[inside] = np.maximum(img[inside], value)
     return img.astype(np.float32)

@@ -8,6 +8,7 @@ the field, so that nothing a user supplies can end in a bare ``KeyError`` or
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,6 +22,27 @@ import numpy as np
 from ctuq.errors import InputError
 
 log = logging.getLogger(__name__)
+
+@contextlib.contextmanager
+def errors_name_the_file(path):
+    """Let every failure inside end as an :class:`InputError` that names ``path``.
+
+    An ``InputError`` without a file gets ``path``; a library exception on a
+    malformed file (h5py, numpy, tifffile…) becomes "cannot read the file".
+    ``MemoryError`` passes through untouched.
+    """
+    try:
+        yield
+    except InputError as exc:
+        if exc.file is None:
+            raise InputError(exc.message, file=path, field=exc.field) from exc
+        raise
+    except MemoryError:
+        raise
+    except Exception as exc:  # any library failure on a malformed file
+        raise InputError(f"cannot read the file ({type(exc).__name__}: {exc})",
+                         file=path) from exc
+
 
 #: Magic numbers used to recognise a file by its content.
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"

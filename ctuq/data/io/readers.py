@@ -21,7 +21,7 @@ import numpy as np
 from ctuq.data.io import _hdf5 as H
 from ctuq.data.io import _resolve
 from ctuq.data.io._common import (angles_rad, attr_str, check_array, check_input_file,
-                                  check_shape, loads, sniff)
+                                  check_shape, errors_name_the_file, loads, sniff)
 from ctuq.data.io._loaded import Loaded, quantity_is_raw, to_line_integrals
 from ctuq.data.io.nxtomo import is_nxtomo_entry, load_nxtomo, nxtomo_entries
 from ctuq.data.io.results import is_result_file
@@ -456,7 +456,7 @@ def read_sinogram(path, *, dataset: str | None = None, angles=None, geometry=Non
     if format is not None and format not in SINOGRAM_FORMATS:
         raise InputError(f"unknown format {format!r} (known: {', '.join(SINOGRAM_FORMATS)})",
                          file=p, field="format")
-    try:
+    with errors_name_the_file(p):
         opt_part, n_angles = _resolve.from_options(angles=angles, geometry=geometry,
                                                    options=geometry_options, file=p)
         loaded = _load(p, dataset=dataset, raw=raw, format=format)
@@ -477,13 +477,5 @@ def read_sinogram(path, *, dataset: str | None = None, angles=None, geometry=Non
                                 file=p)
         meta.update(source=os.path.abspath(p), format=loaded.format)
         sino = Sinogram(loaded.data, geom, meta, loaded.ground_truth)
-    except InputError as exc:
-        if exc.file is None:
-            raise InputError(exc.message, file=p, field=exc.field) from exc
-        raise
-    except MemoryError:
-        raise
-    except Exception as exc:  # any library failure on a malformed file
-        raise InputError(f"cannot read the file ({type(exc).__name__}: {exc})", file=p) from exc
     log.info("read %s: %s, %s", p, loaded.format, sino.geometry)
     return sino

@@ -48,8 +48,8 @@ from ctuq.data.geometry import Geometry
 from ctuq.data.io import _hdf5 as H
 from ctuq.data.io import _resolve
 from ctuq.data.io._atomic import atomic_output
-from ctuq.data.io._common import (attr_str, check_array, check_input_file, dumps, loads, sniff,
-                                  to_jsonable)
+from ctuq.data.io._common import (attr_str, check_array, check_input_file, dumps,
+                                  errors_name_the_file, loads, sniff, to_jsonable)
 from ctuq.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -463,22 +463,12 @@ def read_result(path) -> Result:
     p = check_input_file(path)
     if sniff(p) != "hdf5":
         raise InputError("not a ctuq result file (not HDF5)", file=p)
-    try:
-        with H.open_h5(p) as f:
-            name = _result_entry(f, file=p)
-            if name is None:
-                raise InputError(f"not a ctuq result file (no entry with definition = "
-                                 f"{DEFINITION!r})", file=p, field="/entry/definition")
-            result = _read(f[name], file=p)
-    except InputError as exc:
-        if exc.file is None:
-            raise InputError(exc.message, file=p, field=exc.field) from exc
-        raise
-    except MemoryError:
-        raise
-    except Exception as exc:
-        raise InputError(f"cannot read the file ({type(exc).__name__}: {exc})", file=p) from exc
-    return result
+    with errors_name_the_file(p), H.open_h5(p) as f:
+        name = _result_entry(f, file=p)
+        if name is None:
+            raise InputError(f"not a ctuq result file (no entry with definition = "
+                             f"{DEFINITION!r})", file=p, field="/entry/definition")
+        return _read(f[name], file=p)
 
 
 def _read(entry, *, file) -> Result:

@@ -1,0 +1,252 @@
+"""One reconstruction pipeline for every entry point (API, CLI, napari, Dask).
+
+    Sinogram ─▶ FBP ─▶ DIP+TV fit ─▶ linearisation at θ̃
+             ─▶ sample-based EM (prior + noise, TV-PredCP) ─▶ posterior samples
+             ─▶ mean (the DIP output), std, metrics (when the truth is known) ─▶ Result
+
+:func:`reconstruct` takes a ``progress`` callable, which receives
+``(stage, step, total, message)`` events (see :mod:`ctuq.recon.progress`),
+and a ``cancel`` callable checked between steps. A stack of slices is
+reconstructed slice by slice (stage names then carry the slice number).
+
+Examples
+--------
+>>> import ctuq
+>>> from ctuq.data.geometry import Geometry
+>>> from ctuq.data.io import Sinogram
+>>> from ctuq.data.operators import RayTransform
+>>> from ctuq.data.phantoms import digits
+>>> from ctuq.data.simulate import simulate_sinogram
+>>> g = Geometry.parallel(28, 20)
+>>> truth = digits(1)[0]
+>>> y, sigma = simulate_sinogram(truth, RayTransform(g), 0.05, seed=1)
+>>> sino = Sinogram(y.numpy(), g, meta={"noise_std": sigma}, ground_truth=truth)
+>>> cfg = ctuq.ReconstructionConfig(dip={"iterations": 30},
+...                                 uncertainty={"em_steps": 1, "n_samples": 2,
+...                                              "predictive_samples": 4})
+>>> result = ctuq.reconstruct(sino, cfg)
+>>> result.reconstruction.shape, result.std.shape
+((28, 28), (28, 28))
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ctuq.data.io import Result, Sinogram, read_sinogram, sha256_file, write_result
+from ctuq.data.operators import RayTransform
+from ctuq.errors import InputError
+from ctuq.recon.baselines import estimate_noise_std, fbp_reconstruction
+from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
+from ctuq.recon.dip import fit_dip, resolve_device
+from ctuq.recon.progress import check_cancel, emit_progress
+
+log = logging.getLogger(__name__)
+
+__all__ = ["reconstruct", "reconstruct_file", "ReconstructionConfig"]
+
+
+def _noise_std(sinogram: Sinogram, config: ReconstructionConfig, y: torch.Tensor) -> tuple[float, bool]:
+    """The noise std and whether it is known (config or file) rather than estimated."""
+    if config.noise_std is not None:
+        return float(config.noise_std), True
+    known = sinogram.meta.get("noise_std") if isinstance(sinogram.meta, dict) else None
+    if known is not None and float(known) > 0:
+        return float(known), True
+    return estimate_noise_std(y), False
+
+
+def _slice_progress(progress, index: int, n_slices: int):
+    if progress is None or n_slices == 1:
+        return progress
+
+    def forward(stage, step, total, message=""):
+        emit_progress(progress, f"{stage} [slice {index + 1}/{n_slices}]", step, total, message)
+    return forward
+
+
+def reconstruct(sinogram: Sinogram, config: ReconstructionConfig | None = None, *,
+                progress: Callable | None = None,
+                cancel: Callable[[], bool] | None = None) -> Result:
+    """Reconstruct a sinogram with a per-pixel uncertainty.
+
+    Parameters
+    ----------
+    sinogram : Sinogram
+        Data ``(n_angles, n_detector)`` or a stack ``(n_slices, n_angles,
+        n_detector)``, with its geometry; a ground truth, when present, adds
+        metrics to the result.
+    config : ReconstructionConfig, optional
+        Default: ``ReconstructionConfig()`` (presets by image size).
+    progress : callable, optional
+        Receives ``(stage, step, total, message)`` events.
+    cancel : callable, optional
+        Returns True to stop; :class:`ctuq.errors.Cancelled` is raised.
+
+    Returns
+    -------
+    Result
+        ``reconstruction`` (the DIP output, the posterior mean shown to users),
+        ``std`` (posterior std), ``variance``, a few posterior ``samples``,
+        ``fbp``, ``dip``, learned ``hyperparameters``, the ``em_trace``,
+        ``metrics`` (with a ground truth) and the effective ``config``.
+    """
+    if not isinstance(sinogram, Sinogram):
+        raise InputError(f"expected a Sinogram, got {type(sinogram).__name__}",
+                         field="sinogram")
+    config = config or ReconstructionConfig()
+    slices = list(sinogram.slices()) if sinogram.is_stack else [sinogram]
+    outs = []
+    for i, sl in enumerate(slices):
+        check_cancel(cancel, "reconstruction")
+        outs.append(_reconstruct_slice(sl, config, _slice_progress(progress, i, len(slices)),
+                                       cancel))
+    first = outs[0]
+    stack = (lambda key: np.stack([o[key] for o in outs])) if sinogram.is_stack else (
+        lambda key: first[key])
+    metrics = first["metrics"]
+    if sinogram.is_stack and first["metrics"]:
+        metrics = {k: float(np.mean([o["metrics"][k] for o in outs])) for k in first["metrics"]}
+    hyper = first["hyperparameters"] if len(outs) == 1 else {
+        f"slice_{i}": o["hyperparameters"] for i, o in enumerate(outs)}
+    trace = first["trace"] if len(outs) == 1 else [
+        {**t, "slice": i} for i, o in enumerate(outs) for t in o["trace"]]
+    return Result(
+        reconstruction=stack("mean"), std=stack("std"), variance=stack("variance"),
+        samples=stack("samples") if first["samples"] is not None else None,
+        fbp=stack("fbp"), dip=stack("mean"),
+        ground_truth=sinogram.ground_truth, geometry=sinogram.geometry,
+        config=first["config"], hyperparameters=hyper, em_trace=trace, metrics=metrics,
+        input_path=sinogram.meta.get("source"), seed=config.seed, device=first["device"],
+        units=sinogram.meta.get("units"))
+
+
+def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, cancel) -> dict:
+    from ctuq.recon import predictive
+    from ctuq.recon.evidence import EvidenceConfig, fit_posterior
+    from ctuq.recon.linearize import Linearization
+
+    t_start = time.perf_counter()
+    geometry = sino.geometry
+    dip_cfg, unc = config.resolve(geometry.image_shape)
+    device = resolve_device(config.device)
+    op = RayTransform(geometry, backend=config.backend, device=device)
+    y = torch.as_tensor(sino.data, dtype=torch.float32, device=device)
+    noise_std, noise_known = _noise_std(sino, config, y)
+    timings = {}
+
+    emit_progress(progress, "fbp", 0, 1, "filtered back-projection")
+    t0 = time.perf_counter()
+    fbp = fbp_reconstruction(y, op)
+    timings["fbp"] = time.perf_counter() - t0
+    emit_progress(progress, "fbp", 1, 1, "done")
+    check_cancel(cancel, "reconstruction")
+
+    dip = fit_dip(y, op, dip_cfg, noise_std=noise_std, progress=progress, cancel=cancel)
+    timings["dip"] = dip.wall_time
+    check_cancel(cancel, "reconstruction")
+
+    t0 = time.perf_counter()
+    lin = Linearization(dip.model, dip.net_input)
+    learn_noise = (not noise_known) if unc.learn_noise is None else unc.learn_noise
+    ev_cfg = EvidenceConfig(**{**_evidence_fields(unc), "learn_noise": learn_noise,
+                               "seed": config.seed})
+    post = fit_posterior(lin, op, y, noise_var=noise_std**2, config=ev_cfg,
+                         tv_weight=float(dip.config.resolve_tv_weight(y, op, noise_std)),
+                         progress=progress, cancel=cancel)
+    timings["em"] = time.perf_counter() - t0
+    check_cancel(cancel, "reconstruction")
+
+    t0 = time.perf_counter()
+    emit_progress(progress, "predictive", 0, unc.predictive_samples, "posterior samples")
+    gen = torch.Generator().manual_seed(config.seed + 7)
+    z = post.draw(unc.predictive_samples, generator=gen)
+    image_samples = predictive.image_samples(lin, z)  # zero-mean, [k, H, W]
+    variance = image_samples.pow(2).mean(0)
+    std = variance.sqrt()
+    emit_progress(progress, "predictive", unc.predictive_samples, unc.predictive_samples, "done")
+    timings["predictive"] = time.perf_counter() - t0
+
+    mean = dip.reconstruction.detach()
+    metrics = {}
+    if sino.ground_truth is not None:
+        truth = np.asarray(sino.ground_truth, dtype=np.float32)
+        metrics = flat_metrics(predictive.summary(truth, mean.cpu(), std.cpu(),
+                                                  samples=image_samples.cpu()))
+        metrics["psnr_fbp"] = predictive.psnr(truth, fbp.cpu().numpy())
+    timings["total"] = time.perf_counter() - t_start
+    effective = {"preset": config.preset_for(geometry.image_shape), "device": str(device),
+                 "seed": config.seed, "backend": op.backend, "noise_std": noise_std,
+                 "noise_std_known": noise_known, "dip": dip.config.to_dict(),
+                 "uncertainty": asdict(unc), "evidence": asdict(ev_cfg), "timings_s": timings}
+    k = min(unc.stored_samples, unc.predictive_samples)
+    return {
+        "mean": mean.cpu().numpy(), "std": std.cpu().numpy(), "variance": variance.cpu().numpy(),
+        "samples": (mean + image_samples[:k]).cpu().numpy() if k else None,
+        "fbp": fbp.cpu().numpy(), "metrics": metrics, "hyperparameters": post.hyperparameters(),
+        "trace": post.trace, "config": effective, "device": str(device),
+    }
+
+
+def flat_metrics(summary: dict) -> dict[str, float]:
+    """:func:`ctuq.recon.predictive.summary` as flat ``name -> float`` for result files.
+
+    ``coverage['2']`` becomes ``coverage_2sigma``, ``patch_log_likelihood['5']``
+    becomes ``patch_log_likelihood_5``; nominal coverages are left out.
+    """
+    out = {}
+    for key, value in summary.items():
+        if key == "coverage":
+            out.update({f"coverage_{k}sigma": float(v) for k, v in value.items()})
+        elif isinstance(value, dict):
+            if key != "coverage_nominal":
+                out.update({f"{key}_{k}": float(v) for k, v in value.items()})
+        else:
+            out[key] = float(value)
+    return out
+
+
+def _evidence_fields(unc: UncertaintyConfig) -> dict:
+    from ctuq.recon.evidence import EvidenceConfig
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(EvidenceConfig)}
+    return {k: v for k, v in asdict(unc).items() if k in names}
+
+
+def reconstruct_file(input_path, out_path, config: ReconstructionConfig | None = None, *,
+                     overwrite: bool = False, progress: Callable | None = None,
+                     cancel: Callable[[], bool] | None = None, **read_options) -> Result:
+    """Read a sinogram file, reconstruct it, write the result file atomically.
+
+    The output is checked before any work starts, so that a refused output
+    fails at once; the input is never overwritten.
+
+    Parameters
+    ----------
+    input_path, out_path : path-like
+    config : ReconstructionConfig, optional
+    overwrite : bool
+        Replace an existing output. Default False.
+    progress, cancel : callable, optional
+        See :func:`reconstruct`.
+    **read_options
+        Passed to :func:`ctuq.data.io.read_sinogram` (``dataset=``, ``angles=``…).
+    """
+    from ctuq.data.io import check_output_path
+
+    input_path, out_path = Path(input_path), Path(out_path)
+    check_output_path(out_path, overwrite=overwrite, protect=[input_path])
+    sino = read_sinogram(input_path, **read_options)
+    result = reconstruct(sino, config, progress=progress, cancel=cancel)
+    result.input_path = str(input_path.resolve())
+    result.input_sha256 = sha256_file(input_path)
+    write_result(out_path, result, overwrite=overwrite)
+    return result

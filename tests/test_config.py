@@ -1,0 +1,57 @@
+import pytest
+
+from ctuq.errors import InputError
+from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
+
+
+def test_auto_preset_resolves_by_image_size():
+    cfg = ReconstructionConfig()
+    assert cfg.preset_for((28, 28)) == "reference-28"
+    assert cfg.preset_for((128, 128)) == "dip-128"
+    dip, unc = cfg.resolve((64, 64))
+    assert dip.preset == "dip-64" and dip.seed == 0
+    assert isinstance(unc, UncertaintyConfig)
+
+
+def test_overrides_reach_the_stages_and_seed_propagates():
+    cfg = ReconstructionConfig(seed=5, dip={"iterations": 7}, uncertainty={"n_samples": 3})
+    dip, unc = cfg.resolve((28, 28))
+    assert dip.iterations == 7 and dip.seed == 5 and unc.n_samples == 3
+
+
+def test_toml_round_trip_and_merge(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('preset = "dip-64"\nseed = 3\n[dip]\niterations = 11\n'
+                    '[uncertainty]\npredcp = false\n')
+    base = ReconstructionConfig(dip={"lr": 1e-3})
+    cfg = ReconstructionConfig.from_toml(path, base)
+    assert cfg.preset == "dip-64" and cfg.seed == 3
+    assert cfg.dip == {"lr": 1e-3, "iterations": 11}
+    assert cfg.uncertainty == {"predcp": False}
+    assert ReconstructionConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("text, field", [
+    ('preset = "huge"', "preset"),
+    ('colour = 1', "colour"),
+    ('[dip]\nwings = 2', "dip.wings"),
+    ('[uncertainty]\nsampler = "mcmc"', "uncertainty.sampler"),
+    ('[uncertainty]\nn_samples = 0', "uncertainty.n_samples"),
+    ('backend = "gpu"', "backend"),
+    ('seed = "x"', "seed"),
+    ('[dip]\niterations = 0', "dip.iterations"),
+    ('this is not toml', "--config"),
+])
+def test_bad_config_names_file_and_field(tmp_path, text, field):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        cfg = ReconstructionConfig.from_toml(path)
+        cfg.resolve((28, 28))
+    assert field in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(InputError, match="no such config file"):
+        ReconstructionConfig.from_toml(tmp_path / "nope.toml")
