@@ -3,12 +3,32 @@ from pathlib import Path
 from ctuq.app.cli import main
 
 
+TINY = """
+[dip]
+iterations = 30
+[uncertainty]
+em_steps = 1
+n_samples = 2
+predictive_samples = 8
+predcp = false
+preconditioner_rank = 16
+cg_max_iter = 60
+"""
+
+
 def test_demo_writes_its_figure_and_files(tmp_path: Path, capsys):
-    rc = main(["demo", "--out", str(tmp_path), "--size", "32", "--angles", "20"])
+    (tmp_path / "tiny.toml").write_text(TINY)
+    rc = main(["demo", "--out", str(tmp_path), "--size", "28", "--angles", "20",
+               "--config", str(tmp_path / "tiny.toml")])
     assert rc == 0
-    for name in ("demo.png", "demo_sinogram.h5", "demo_reconstructions.npz"):
+    for name in ("demo.png", "demo_sinogram.h5", "demo.h5"):
         assert (tmp_path / name).stat().st_size > 0
-    assert "PSNR" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "PSNR" in text and "coverage" in text
+    from ctuq.data.io import read_result
+
+    r = read_result(tmp_path / "demo.h5")
+    assert r.std.shape == (28, 28) and r.ground_truth is not None and r.em_trace
 
 
 def test_user_error_is_one_line_and_exit_code_2(tmp_path: Path, capsys):

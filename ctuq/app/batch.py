@@ -139,8 +139,14 @@ def _dask_task(input_path, out_path, config, overwrite):
 
     try:
         queue = Queue(PROGRESS_QUEUE)
-        worker = get_worker().name
-    except (ValueError, RuntimeError):
+        this = get_worker()
+        worker = this.name
+        # torch would start one thread per core in every worker process;
+        # give it the threads Dask gave this worker instead (no oversubscription)
+        import torch
+
+        torch.set_num_threads(max(1, int(this.state.nthreads)))
+    except (ValueError, RuntimeError, AttributeError):
         queue, worker = None, None
 
     def progress(stage, step, total, message=""):

@@ -32,6 +32,10 @@ def _version(value: bool):
 
 _state = {"debug": False}
 
+#: The demo's default problem, sized so that `ctuq demo` takes <= 3 min on a 2-core CPU.
+DEMO_SIZE = 64
+DEMO_ANGLES = 60
+
 
 @app.callback()
 def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details."),
@@ -45,47 +49,65 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progr
 
 @app.command()
 def demo(out: Path = typer.Option(Path("demo_out"), "--out", help="Output folder."),
-         size: int = typer.Option(128, help="Image side in pixels."),
-         angles: int = typer.Option(90, help="Number of projection angles."),
+         size: int = typer.Option(DEMO_SIZE, help="Image side in pixels."),
+         angles: int = typer.Option(DEMO_ANGLES, help="Number of projection angles."),
          noise: float = typer.Option(0.05, help="Noise std relative to mean |A x|."),
-         seed: int = typer.Option(0, help="Noise seed.")):
-    """Simulate a Shepp–Logan sinogram and reconstruct it (FBP and TV), with a figure."""
-    import numpy as np
-    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+         seed: int = typer.Option(0, help="Seed of the noise and of the reconstruction."),
+         config: Path = typer.Option(None, "--config", help="TOML settings file.")):
+    """Simulate a Shepp–Logan sinogram and reconstruct it with uncertainty.
 
+    Writes demo.h5 (the result file), demo_sinogram.h5 (the input, NXtomo
+    with its truth) and demo.png (truth, FBP, reconstruction, std map,
+    |error|, calibration curve, EM trace), and prints the metrics.
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ctuq.app.figures import result_figure
     from ctuq.data.geometry import Geometry
     from ctuq.data.io import Sinogram, write_sinogram
     from ctuq.data.operators import RayTransform
     from ctuq.data.phantoms import shepp_logan
     from ctuq.data.simulate import simulate_sinogram
-    from ctuq.recon.baselines import fbp_reconstruction, tv_reconstruction
+    from ctuq.recon.pipeline import reconstruct_file
 
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     geometry = Geometry.parallel(size, angles)
-    op = RayTransform(geometry)
     truth = shepp_logan(size)
-    y, sigma = simulate_sinogram(truth, op, noise, seed=seed)
-    sino = Sinogram(y.cpu().numpy(), geometry,
-                    meta={"phantom": "shepp", "noise_level": noise, "noise_std": sigma,
-                          "seed": seed}, ground_truth=truth)
-    write_sinogram(out / "demo_sinogram.h5", sino, overwrite=True)
-    recons = {"FBP": fbp_reconstruction(y, op).cpu().numpy()}
-    with console.status("TV reconstruction (PDHG)…"):
-        recons["TV"] = tv_reconstruction(y, op, noise_std=sigma).cpu().numpy()
-    np.savez(out / "demo_reconstructions.npz", truth=truth, **{k.lower(): v for k, v in recons.items()})
+    y, sigma = simulate_sinogram(truth, RayTransform(geometry), noise, seed=seed)
+    sino_path = write_sinogram(out / "demo_sinogram.h5", Sinogram(
+        y.cpu().numpy(), geometry, ground_truth=truth,
+        meta={"phantom": "shepp", "noise_level": noise, "noise_std": sigma, "seed": seed}),
+        overwrite=True)
+    cfg = _build_config(config, None, None, seed)
+    with Progress(TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                  console=console) as bars:
+        task = bars.add_task("starting", total=1)
 
+        def progress(stage, step, total, message=""):
+            bars.update(task, description=f"{stage:10s} {message}"[:60], completed=step,
+                        total=max(total, 1))
+
+        result = reconstruct_file(sino_path, out / "demo.h5", cfg, overwrite=True,
+                                  progress=progress)
+    m = result.metrics
     table = Table(title=f"Shepp–Logan {size}², {angles} angles, {noise:.0%} noise")
-    table.add_column("method")
-    table.add_column("PSNR (dB)", justify="right")
-    table.add_column("SSIM", justify="right")
-    for name, img in recons.items():
-        table.add_row(name, f"{peak_signal_noise_ratio(truth, img, data_range=1.0):.2f}",
-                      f"{structural_similarity(truth, img, data_range=1.0):.3f}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [("PSNR FBP (dB)", f"{m['psnr_fbp']:.2f}"), ("PSNR ctuq (dB)", f"{m['psnr']:.2f}"),
+            ("SSIM ctuq", f"{m['ssim']:.3f}"),
+            ("test log-likelihood (nats/pixel)", f"{m['pixel_log_likelihood']:.3f}"),
+            ("±1σ / ±2σ / ±3σ coverage (%)", " / ".join(
+                f"{100 * m[f'coverage_{k}sigma']:.1f}" for k in (1, 2, 3))
+             + "   (ideal 68.3 / 95.4 / 99.7)"),
+            ("Spearman(std, |error|)", f"{m['spearman_std_abs_error']:.3f}"),
+            ("wall time (s)", f"{time.perf_counter() - t0:.1f}")]
+    for row in rows:
+        table.add_row(*row)
     Console().print(table)
-    _demo_figure(out / "demo.png", truth, recons)
-    console.print(f"wrote {out / 'demo.png'}, {out / 'demo_sinogram.h5'} and "
-                  f"{out / 'demo_reconstructions.npz'} in {time.perf_counter() - t0:.1f} s")
+    result_figure(out / "demo.png", result, title=f"ctuq demo: Shepp–Logan {size}²")
+    console.print(f"wrote {out / 'demo.png'}, {out / 'demo.h5'} and {sino_path}")
 
 
 @app.command()
@@ -150,6 +172,14 @@ def info(path: Path = typer.Argument(..., help="A sinogram or result file.")):
         for k, v in s.meta.items():
             table.add_row(k, _short(v))
     Console().print(table)
+
+
+@app.command()
+def gui(path: Path = typer.Argument(None, help="A sinogram or result file to open.")):
+    """Open napari with the ctuq widget docked (and FILE loaded)."""
+    from ctuq.app.gui import run_gui
+
+    run_gui(path)
 
 
 def _build_config(config_file, preset, device, seed):
@@ -234,32 +264,11 @@ def _short(value) -> str:
     return str(value)
 
 
-def _demo_figure(path: Path, truth, recons: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = 1 + 2 * len(recons)
-    fig, axes = plt.subplots(1, n, figsize=(3 * n, 3.3))
-    axes[0].imshow(truth, cmap="gray", vmin=0, vmax=1)
-    axes[0].set_title("truth")
-    for k, (name, img) in enumerate(recons.items()):
-        axes[1 + k].imshow(img, cmap="gray", vmin=0, vmax=1)
-        axes[1 + k].set_title(name)
-        axes[1 + len(recons) + k].imshow(abs(img - truth), cmap="magma", vmin=0, vmax=0.3)
-        axes[1 + len(recons) + k].set_title(f"|{name} − truth|")
-    for ax in axes:
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def main(argv=None) -> int:
     """Console-script entry point: user errors become one line and exit code 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        # without standalone mode click returns typer.Exit's code instead of raising it
+        rc = app(args=argv, standalone_mode=False)
     except CtuqError as err:
         if _state["debug"]:
             console.print_exception()
@@ -277,7 +286,7 @@ def main(argv=None) -> int:
             exc.show()
             return exc.exit_code
         raise
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

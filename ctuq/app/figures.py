@@ -82,7 +82,7 @@ def result_figure(path, result, title: str | None = None) -> Path:
     if result.em_trace:
         ax = axes[k]
         steps = [t.get("step", i) for i, t in enumerate(result.em_trace)]
-        variances = [t.get("a") or t.get("variances") or [] for t in result.em_trace]
+        variances = [t.get("a_b") or [] for t in result.em_trace]
         width = max((len(v) for v in variances), default=0)
         for b in range(width):
             ax.semilogy(steps, [v[b] if b < len(v) else math.nan for v in variances], lw=1)

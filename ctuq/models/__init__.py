@@ -1,0 +1,14 @@
+"""Networks: the deep-image-prior U-net (and, later, small classifiers)."""
+
+from ctuq.models.unet import (
+    PRESETS,
+    UNet,
+    UNetConfig,
+    build_unet,
+    count_parameters,
+    preset_name_for_size,
+    unet_preset,
+)
+
+__all__ = ["PRESETS", "UNet", "UNetConfig", "build_unet", "count_parameters",
+           "preset_name_for_size", "unet_preset"]

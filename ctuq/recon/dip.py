@@ -1,0 +1,530 @@
+"""Deep-image-prior reconstruction with TV regularisation (DIP+TV).
+
+A U-net ``f(θ)`` with a fixed input (the FBP of ``y``, or fixed noise) is
+fitted to one sinogram (METHOD.md §2)::
+
+    θ̃ = argmin_θ  ‖A f(θ) − y‖² + γ · TV(f(θ))
+
+with the data fit a **sum** of squares and TV the anisotropic total variation
+(sum of absolute finite differences). The reference code (``bayes_dip``)
+takes the *mean* of the squares; its ``γ_ref`` equals ``γ / d_y`` here
+(:attr:`DIPConfig.tv_weight` / number of sinogram entries).
+
+Optimisation: Adam with a cosine-decaying learning rate, gradient-norm
+clipping, and the iterate with the lowest loss is returned (weights loaded
+into the model). Everything is seeded; on the CPU a seed gives bit-identical
+results.
+
+Examples
+--------
+>>> from ctuq.data.geometry import Geometry
+>>> from ctuq.data.operators import RayTransform
+>>> from ctuq.data.phantoms import digits
+>>> from ctuq.data.simulate import simulate_sinogram
+>>> op = RayTransform(Geometry.parallel(28, 20))
+>>> y, _ = simulate_sinogram(digits(1)[0], op, 0.05, seed=1)
+>>> res = fit_dip(y, op, DIPConfig.for_image_size(28).with_(iterations=20))
+>>> tuple(res.reconstruction.shape)
+(28, 28)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ctuq.errors import Cancelled, InputError
+from ctuq.models.unet import UNet, UNetConfig, build_unet, preset_name_for_size, unet_preset
+from ctuq.recon.progress import emit_progress
+
+__all__ = [
+    "DIPConfig",
+    "DIPResult",
+    "DEFAULTS",
+    "fit_dip",
+    "total_variation",
+    "save_weights",
+    "load_weights",
+    "resolve_device",
+]
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_FORMAT = "ctuq-unet-weights"
+
+#: Measured defaults per U-net preset (docs/dip.md has the measurements):
+#: iterations, peak learning rate and the TV weight factor (γ = factor · σ · r).
+DEFAULTS: dict[str, dict] = {
+    "reference-28": dict(iterations=700, lr=5e-3, tv_weight_factor=0.3),
+    "dip-64": dict(iterations=1000, lr=1e-2, tv_weight_factor=1.0),
+    "dip-128": dict(iterations=1500, lr=1e-2, tv_weight_factor=1.0),
+    "dip-256": dict(iterations=1500, lr=1e-2, tv_weight_factor=1.0),
+    "reference-large": dict(iterations=2000, lr=1e-4, tv_weight_factor=1.0),
+}
+
+
+@dataclass(frozen=True)
+class DIPConfig:
+    """Settings of a DIP+TV fit.
+
+    Build one with :meth:`for_image_size` or :meth:`preset` to get the
+    measured defaults, and change fields with :meth:`with_`.
+
+    Parameters
+    ----------
+    preset : str
+        U-net preset name (see :data:`ctuq.models.unet.PRESETS`).
+        Default ``"reference-28"``.
+    unet : UNetConfig or None
+        Explicit architecture; overrides ``preset`` when given.
+    iterations : int
+        Adam steps. Default 700 (the ``reference-28`` default).
+    lr : float
+        Peak learning rate. Default 5e-3 (``reference-28``).
+    lr_schedule : {'cosine', 'constant'}
+        ``'cosine'`` decays the learning rate from ``lr`` to
+        ``lr * lr_min_factor`` over ``iterations`` (after ``warmup``
+        linear steps). Default ``'cosine'``.
+    lr_min_factor : float
+        Final learning rate relative to ``lr``. Default 0.01.
+    warmup : int
+        Linear warm-up steps. Default 0.
+    tv_weight : float or None
+        γ, the weight of the anisotropic TV term (sum-of-squares data fit).
+        Default None: ``γ = tv_weight_factor · σ · r`` with ``σ`` the noise
+        std (given to :func:`fit_dip`, else estimated from ``y``) and ``r``
+        the root-mean-square column norm of ``A``, the scale of the
+        baseline TV's default (:func:`ctuq.recon.baselines.default_tv_weight`),
+        so one factor suits every image size, angle count and noise level.
+    tv_weight_factor : float
+        See ``tv_weight``. Default 0.3 (``reference-28``; 1.0 for the larger
+        presets; measured, docs/dip.md).
+    clip_grad_norm : float or None
+        Clip the gradient norm to this value (reference: 1). Default 1.
+    net_input : {'fbp', 'noise'}
+        The fixed network input: the FBP of ``y`` (reference) or
+        ``noise_std * randn``. Default ``'fbp'``.
+    noise_std : float
+        Std of the noise input. Default 0.1.
+    seed : int
+        Seed of the weight initialisation, the noise input and dropout.
+        Default 0.
+    device : str
+        ``'auto'`` (CUDA when available), ``'cpu'``, ``'cuda'``, ``'cuda:1'``...
+        Default ``'auto'``.
+    progress_every : int
+        Iterations between progress reports. Default 50.
+    init_weights : str or None
+        Warm start from a weights file written by :func:`save_weights`
+        (architecture must match). Default None (random initialisation).
+    dropout : float
+        Dropout2d probability after every 3×3 conv (MC dropout). Default 0.
+    """
+
+    preset: str = "reference-28"
+    unet: UNetConfig | None = None
+    iterations: int = DEFAULTS["reference-28"]["iterations"]
+    lr: float = DEFAULTS["reference-28"]["lr"]
+    lr_schedule: str = "cosine"
+    lr_min_factor: float = 0.01
+    warmup: int = 0
+    tv_weight: float | None = None
+    tv_weight_factor: float = DEFAULTS["reference-28"]["tv_weight_factor"]
+    clip_grad_norm: float | None = 1.0
+    net_input: str = "fbp"
+    noise_std: float = 0.1
+    seed: int = 0
+    device: str = "auto"
+    progress_every: int = 50
+    init_weights: str | None = None
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        if self.unet is None:
+            unet_preset(self.preset)  # validates the name
+        if isinstance(self.unet, dict):
+            object.__setattr__(self, "unet", UNetConfig.from_dict(self.unet))
+        if int(self.iterations) < 1:
+            raise InputError(f"must be >= 1, got {self.iterations}", field="iterations")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise InputError(f"must be > 0, got {self.lr}", field="lr")
+        if self.tv_weight is not None and not (math.isfinite(self.tv_weight)
+                                               and self.tv_weight >= 0):
+            raise InputError(f"must be >= 0, got {self.tv_weight}", field="tv_weight")
+        if not (math.isfinite(self.tv_weight_factor) and self.tv_weight_factor >= 0):
+            raise InputError(f"must be >= 0, got {self.tv_weight_factor}",
+                             field="tv_weight_factor")
+        if self.lr_schedule not in ("cosine", "constant"):
+            raise InputError(f"must be 'cosine' or 'constant', got {self.lr_schedule!r}",
+                             field="lr_schedule")
+        if self.net_input not in ("fbp", "noise"):
+            raise InputError(f"must be 'fbp' or 'noise', got {self.net_input!r}",
+                             field="net_input")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise InputError(f"must be > 0 or None, got {self.clip_grad_norm}",
+                             field="clip_grad_norm")
+        if int(self.progress_every) < 1:
+            raise InputError(f"must be >= 1, got {self.progress_every}", field="progress_every")
+        if not 0 <= self.dropout < 1:
+            raise InputError(f"must be in [0, 1), got {self.dropout}", field="dropout")
+
+    # -- constructors ---------------------------------------------------------
+    @classmethod
+    def preset_defaults(cls, name: str, **changes) -> "DIPConfig":
+        """The measured defaults for U-net preset ``name`` (see :data:`DEFAULTS`)."""
+        unet_preset(name)
+        return cls(preset=name, **{**DEFAULTS.get(name, {}), **changes})
+
+    # ``DIPConfig.preset`` is a field; the classmethod is also exposed as ``from_preset``
+    from_preset = preset_defaults
+
+    @classmethod
+    def for_image_size(cls, image_size, **changes) -> "DIPConfig":
+        """Measured defaults for the preset matching an image side or shape."""
+        return cls.preset_defaults(preset_name_for_size(image_size), **changes)
+
+    def with_(self, **changes) -> "DIPConfig":
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DIPConfig":
+        """Inverse of :meth:`to_dict` (e.g. a TOML table); unknown keys raise InputError."""
+        extra = set(d) - set(cls.__dataclass_fields__)
+        if extra:
+            raise InputError(f"unknown DIP option(s) {sorted(extra)}", field="dip")
+        return cls(**d)
+
+    # -- derived --------------------------------------------------------------
+    def unet_config(self) -> UNetConfig:
+        """The architecture, with :attr:`dropout` applied."""
+        cfg = self.unet if self.unet is not None else unet_preset(self.preset)
+        if self.dropout != cfg.dropout:
+            cfg = cfg.with_(dropout=float(self.dropout))
+        return cfg
+
+    def resolve_tv_weight(self, y, op, noise_std: float | None = None) -> float:
+        """γ for sinogram ``y``: :attr:`tv_weight`, or ``tv_weight_factor · σ · r``.
+
+        ``σ`` is ``noise_std`` when given, else
+        :func:`~ctuq.recon.baselines.estimate_noise_std` of ``y``.
+        """
+        if self.tv_weight is not None:
+            return float(self.tv_weight)
+        from ctuq.recon.baselines import estimate_noise_std, rms_column_norm
+
+        sigma = float(noise_std) if noise_std is not None else estimate_noise_std(
+            torch.as_tensor(y).reshape(op.geometry.range_shape).cpu())
+        return float(self.tv_weight_factor) * sigma * rms_column_norm(op)
+
+    def to_dict(self) -> dict:
+        """Plain-dict form for result files (the architecture spelled out)."""
+        d = asdict(self)
+        d["unet"] = self.unet_config().to_dict()
+        return d
+
+
+@dataclass
+class DIPResult:
+    """Outcome of :func:`fit_dip`.
+
+    Attributes
+    ----------
+    model : UNet
+        The network with the lowest-loss weights loaded, in eval mode.
+    net_input : Tensor
+        The fixed input, ``[1, 1, H, W]``.
+    reconstruction : Tensor
+        ``f(θ̃)``, the output of the lowest-loss iterate, ``[H, W]``
+        (for a dropout network: the deterministic eval-mode output).
+    loss_history : dict of ndarray
+        ``'loss'``, ``'data_fit'``, ``'tv'`` per iteration, float64.
+    best_iteration : int
+        Index of the lowest-loss iterate (its loss is ``loss_history['loss'][best_iteration]``).
+    best_loss : float
+    tv_weight : float
+        The γ used (see :meth:`DIPConfig.resolve_tv_weight`).
+    wall_time : float
+        Seconds spent in the fit.
+    state_dict : dict
+        The best weights (CPU tensors), as loaded into ``model``.
+    config : DIPConfig
+    """
+
+    model: UNet
+    net_input: Tensor
+    reconstruction: Tensor
+    loss_history: dict
+    best_iteration: int
+    best_loss: float
+    tv_weight: float
+    wall_time: float
+    state_dict: dict
+    config: DIPConfig
+
+    def save_weights(self, path) -> None:
+        """Write the best weights to ``path`` (see :func:`save_weights`)."""
+        save_weights(self.model, path)
+
+
+# ------------------------------------------------------------------------------
+# helpers
+
+
+def total_variation(x: Tensor) -> Tensor:
+    """Anisotropic total variation ``Σ|x[i+1,j]−x[i,j]| + Σ|x[i,j+1]−x[i,j]|``.
+
+    Parameters
+    ----------
+    x : Tensor, shape (..., H, W)
+
+    Returns
+    -------
+    Tensor
+        The sum over the last two axes, shape ``(...)``.
+    """
+    d0 = (x[..., 1:, :] - x[..., :-1, :]).abs().sum(dim=(-2, -1))
+    d1 = (x[..., :, 1:] - x[..., :, :-1]).abs().sum(dim=(-2, -1))
+    return d0 + d1
+
+
+def resolve_device(device) -> torch.device:
+    """``'auto'`` → CUDA when available, else CPU; anything else as given."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError("CUDA was requested but is not available", field="device")
+    return dev
+
+
+def save_weights(model: UNet, path) -> None:
+    """Save a U-net's weights and architecture to ``path`` (``torch.save`` format).
+
+    The file holds ``{'format', 'unet', 'state_dict'}``; load it with
+    :func:`load_weights` or warm-start a fit with ``DIPConfig(init_weights=path)``.
+    """
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    payload = {
+        "format": WEIGHTS_FORMAT,
+        "unet": model.config.to_dict(),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+    }
+    torch.save(payload, path)
+
+
+_ARCH_FIELDS = ("scales", "channels", "skip_channels", "use_sigmoid", "use_norm",
+                "in_channels", "out_channels")
+
+
+def load_weights(model: UNet, path) -> UNet:
+    """Load weights saved by :func:`save_weights` (or a bare state dict) into ``model``.
+
+    Dropout and the sigmoid clamp may differ between the file and ``model``;
+    everything else must match.
+
+    Raises
+    ------
+    InputError
+        If the file is missing, unreadable, or its architecture or tensors
+        do not match ``model``.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise InputError("no such weights file", file=path, field="init_weights")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is a user error
+        raise InputError(f"cannot read U-net weights ({exc.__class__.__name__}: {exc})",
+                         file=path, field="init_weights") from None
+    if isinstance(payload, dict) and payload.get("format") == WEIGHTS_FORMAT:
+        file_cfg = payload.get("unet", {})
+        ours = model.config.to_dict()
+        diff = [f"{k}: file {file_cfg.get(k)!r} vs model {ours[k]!r}"
+                for k in _ARCH_FIELDS if k in file_cfg and file_cfg[k] != ours[k]]
+        if diff:
+            raise InputError("U-net architecture does not match the weights file ("
+                             + "; ".join(diff) + ")", file=path, field="init_weights")
+        state = payload["state_dict"]
+    elif isinstance(payload, dict) and all(isinstance(v, Tensor) for v in payload.values()):
+        state = payload
+    else:
+        raise InputError("not a U-net weights file", file=path, field="init_weights")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()
+        raise InputError("weights do not fit the U-net architecture: "
+                         + " ".join(s.strip() for s in first[:3]),
+                         file=path, field="init_weights") from None
+    return model
+
+
+def _as_sinogram(y, op, device) -> Tensor:
+    y = torch.as_tensor(y, dtype=torch.float32)
+    shape = tuple(op.geometry.range_shape)
+    if tuple(y.shape[-2:]) != shape or y.numel() != math.prod(shape):
+        raise InputError(f"sinogram shape {tuple(y.shape)} does not match the geometry's "
+                         f"{shape}", field="sinogram")
+    if not torch.isfinite(y).all():
+        raise InputError("sinogram contains NaN or infinite values", field="sinogram")
+    return y.reshape(1, 1, *shape).to(device)
+
+
+def _lr_factor(config: DIPConfig):
+    n, warm, floor = int(config.iterations), int(config.warmup), float(config.lr_min_factor)
+
+    def factor(i: int) -> float:
+        if warm > 0 and i < warm:
+            return (i + 1) / warm
+        if config.lr_schedule == "constant":
+            return 1.0
+        t = (i - warm) / max(1, n - warm)
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
+
+    return factor
+
+
+def make_net_input(y: Tensor, op, config: DIPConfig, device) -> Tensor:
+    """The fixed network input ``[1, 1, H, W]``: FBP of ``y`` or seeded noise."""
+    if config.net_input == "fbp":
+        with torch.no_grad():
+            x = op.fbp(y.reshape(op.geometry.range_shape))
+        return x.reshape(1, 1, *op.geometry.image_shape).to(device).float()
+    gen = torch.Generator().manual_seed(int(config.seed))
+    noise = config.noise_std * torch.randn(1, 1, *op.geometry.image_shape, generator=gen)
+    return noise.to(device)
+
+
+# ------------------------------------------------------------------------------
+# the fit
+
+
+def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None = None,
+            progress: Callable | None = None,
+            cancel: Callable[[], bool] | None = None,
+            stage: str = "dip") -> DIPResult:
+    """Fit the DIP+TV U-net to a sinogram.
+
+    Parameters
+    ----------
+    y : array_like or Tensor, shape (n_angles, n_detector)
+        The measured sinogram (leading singleton axes are accepted).
+    op : RayTransform
+        The forward operator; it is moved to the fit's device in place.
+    config : DIPConfig, optional
+        Settings; default ``DIPConfig.for_image_size(op.geometry.image_shape)``.
+    noise_std : float, optional
+        The noise std of ``y``, used for the default TV weight; estimated
+        from ``y`` when not given (ignored when ``config.tv_weight`` is set).
+    progress : callable, optional
+        Called every ``config.progress_every`` iterations and at the end as
+        ``progress(stage=, step=, total=, message=)`` or with a
+        :class:`~ctuq.recon.progress.ProgressEvent`.
+    cancel : callable, optional
+        Checked before every iteration; returning True raises
+        :class:`~ctuq.errors.Cancelled`.
+    stage : str
+        Stage name used in progress events. Default ``"dip"``.
+
+    Returns
+    -------
+    DIPResult
+
+    Raises
+    ------
+    InputError
+        Bad sinogram shape or values, bad weights file, unavailable device.
+    Cancelled
+        When ``cancel()`` returned True.
+    """
+    t0 = time.perf_counter()
+    if config is None:
+        config = DIPConfig.for_image_size(op.geometry.image_shape)
+    device = resolve_device(config.device)
+    op = op.to(device)
+    y_t = _as_sinogram(y, op, device)
+    n_iter = int(config.iterations)
+    gamma = config.resolve_tv_weight(y_t, op, noise_std)
+
+    model = build_unet(config.unet_config(), seed=config.seed, device="cpu")
+    if config.init_weights:
+        load_weights(model, config.init_weights)
+        log.info("DIP warm start from %s", config.init_weights)
+    model = model.to(device)
+    net_input = make_net_input(y_t, op, config, device)
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config))
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    hist = np.zeros((3, n_iter), dtype=np.float64)
+    best_loss, best_iter = math.inf, -1
+    best_state, best_out = None, None
+    log.info("DIP fit: %s, %d iterations, lr %.3g, gamma %.3g, input %s, device %s",
+             model.extra_repr(), n_iter, config.lr, gamma, config.net_input, device)
+
+    cuda_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda_devices):
+        torch.manual_seed(int(config.seed) + 1)  # dropout masks
+        model.train()
+        for i in range(n_iter):
+            if cancel is not None and cancel():
+                raise Cancelled(f"DIP cancelled at iteration {i} of {n_iter}")
+            optimizer.zero_grad(set_to_none=True)
+            out = model(net_input)
+            data_fit = (op(out) - y_t).square().sum()
+            tv = total_variation(out).sum()
+            loss = data_fit + gamma * tv
+            loss.backward()
+            lv = loss.item()
+            hist[:, i] = (lv, data_fit.item(), tv.item())
+            if not math.isfinite(lv):
+                log.warning("DIP loss is not finite at iteration %d; stopping early", i)
+                hist = hist[:, : i + 1]
+                break
+            if lv < best_loss:
+                best_loss, best_iter = lv, i
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                best_out = out.detach().clone()
+            if config.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, max_norm=float(config.clip_grad_norm))
+            optimizer.step()
+            scheduler.step()
+            if (i + 1) % int(config.progress_every) == 0 or i + 1 == n_iter:
+                emit_progress(progress, stage, i + 1, n_iter,
+                              f"loss {lv:.5g} (data {hist[1, i]:.5g}, TV {hist[2, i]:.5g}); "
+                              f"best {best_loss:.5g} at {best_iter}")
+
+    if best_state is None:
+        raise InputError("DIP fit produced no finite loss (check the sinogram scale)",
+                         field="sinogram")
+    model.load_state_dict(best_state)
+    model.eval()
+    if config.dropout > 0:
+        with torch.no_grad():
+            best_out = model(net_input)
+    recon = best_out.reshape(op.geometry.image_shape)
+    wall = time.perf_counter() - t0
+    log.info("DIP fit done in %.1f s: best loss %.5g at iteration %d", wall, best_loss, best_iter)
+    return DIPResult(
+        model=model,
+        net_input=net_input,
+        reconstruction=recon,
+        loss_history={"loss": hist[0].copy(), "data_fit": hist[1].copy(), "tv": hist[2].copy()},
+        best_iteration=best_iter,
+        best_loss=best_loss,
+        tv_weight=gamma,
+        wall_time=wall,
+        state_dict={k: v.cpu() for k, v in best_state.items()},
+        config=config,
+    )

@@ -1,0 +1,373 @@
+"""The exact dense oracle of the linearised posterior (METHOD.md §5–7), float64.
+
+For small problems (28² images, ``d_θ`` up to ~10⁵) everything is formed
+densely: ``J`` (``d_x × d_θ``, by batched VJPs in double precision), ``A``
+(``d_y × d_x``), ``Φ = A J``, the observation-space kernel
+``K = Φ Σ Φᵀ + σ² I`` and its Cholesky factor. From these:
+
+- ``θ* = Σ Φᵀ K⁻¹ ỹ`` (= ``H⁻¹ Φᵀ ỹ / σ²``),
+- the image-space posterior covariance
+  ``Cov[x | y] = J H⁻¹ Jᵀ = S − S Aᵀ K⁻¹ A S`` with ``S = J Σ Jᵀ`` (never a
+  ``d_θ × d_θ`` inverse), and its diagonal,
+- the evidence ``log p(y) = −½ ỹᵀ K⁻¹ ỹ − ½ log|K| − (d_y/2) log 2π``,
+  differentiable in the prior hyperparameters and in ``σ²``,
+- the effective number of parameters per block
+  ``γ_b = d_b − Tr(Σ_b⁻¹ H⁻¹_{bb}) = Tr(K⁻¹ Φ_b Σ_b Φ_bᵀ)``,
+- exact Matheron samples ``z = θ⁰ − Σ Φᵀ K⁻¹ (Φ θ⁰ + ε)`` and, for tiny
+  ``d_θ``, the dense parameter-space ``H`` and ``H⁻¹``.
+
+Memory: ``J`` and ``J Σ`` are ``16 · d_θ · d_x`` bytes (the reference 28²
+U-net: ≈ 1 GB); ``Φ`` (formed only for ``γ_b``, the differentiable evidence
+and the parameter-space matrices) adds ``8 · d_θ · d_y``; ``S`` is ``8 d_x²``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ctuq.errors import InputError
+from ctuq.recon.linearize import Linearization, dense_ray_matrix
+from ctuq.recon.priors import GaussianPrior
+from ctuq.recon.sampling import linear_target
+
+__all__ = ["ExactPosterior", "dense_ray_matrix", "ToyProblem", "toy_problem"]
+
+log = logging.getLogger(__name__)
+
+DTYPE = torch.float64
+
+
+class ExactPosterior:
+    """Dense float64 linearised posterior for small problems.
+
+    Parameters
+    ----------
+    lin : Linearization
+    op : RayTransform
+    prior : GaussianPrior
+        Its current hyperparameters are read at every call (the dense
+        ``J``, ``A`` are computed once), so it can be optimised in place or
+        replaced (``ex.prior = other``).
+    noise_var : float or Tensor
+        ``σ²``; a 0-d tensor (e.g. ``log_noise.exp()``) stays differentiable.
+    y : Tensor, optional
+        The sinogram (needed for ``θ*`` and the evidence).
+    J : Tensor, optional
+        A precomputed dense Jacobian ``[d_x, d_θ]`` (float64).
+
+    Attributes
+    ----------
+    J : Tensor, shape (d_x, d_θ)
+    A : Tensor, shape (d_y, d_x)
+    Phi : Tensor, shape (d_y, d_θ)
+        ``A J``, formed on first use.
+    y_tilde : Tensor or None, shape (d_y,)
+
+    Notes
+    -----
+    Without autograd, everything goes through the prior image covariance
+    ``S = J Σ Jᵀ`` (``d_x × d_x``, one ``d_x² d_θ`` product, cached for the
+    current hyperparameters): ``K = A S Aᵀ + σ² I``, ``Φ Σ Jᵀ = A S``,
+    ``θ* = Σ Jᵀ Aᵀ K⁻¹ ỹ``. When a prior hyperparameter or ``σ²`` requires
+    grad (and grad mode is on), ``K`` is formed from ``Φ`` so that it is
+    differentiable.
+    """
+
+    def __init__(self, lin: Linearization, op, prior: GaussianPrior, noise_var,
+                 y: Tensor | None = None, *, J: Tensor | None = None):
+        self.lin, self.op, self.prior = lin, op, prior
+        self.noise_var = noise_var
+        self.J = (lin.dense(DTYPE) if J is None else J.to(DTYPE)).detach()
+        self.A = dense_ray_matrix(op, DTYPE).to(self.J.device)
+        self._phi: Tensor | None = None
+        self.d_x, self.d_theta = self.J.shape
+        self.d_y = self.A.shape[0]
+        self.image_shape = lin.image_shape
+        self.y_tilde = None if y is None else linear_target(lin, op, y).reshape(-1).to(DTYPE)
+        self._cache: dict = {}
+
+    @property
+    def Phi(self) -> Tensor:
+        """``Φ = A J``, ``[d_y, d_θ]`` (computed once)."""
+        if self._phi is None:
+            self._phi = self.A @ self.J
+        return self._phi
+
+    # ------------------------------------------------------------------ helpers
+    def _sigma2(self, noise_var=None) -> Tensor:
+        nv = self.noise_var if noise_var is None else noise_var
+        if torch.is_tensor(nv):
+            return nv.to(DTYPE).reshape(())
+        return torch.tensor(float(nv), dtype=DTYPE, device=self.J.device)
+
+    def _need_y(self) -> Tensor:
+        if self.y_tilde is None:
+            raise InputError("the exact posterior was built without a sinogram", field="y")
+        return self.y_tilde
+
+    def _needs_graph(self, noise_var=None) -> bool:
+        if not torch.is_grad_enabled():
+            return False
+        nv = self.noise_var if noise_var is None else noise_var
+        return (any(p.requires_grad for p in self.prior.parameters())
+                or (torch.is_tensor(nv) and nv.requires_grad))
+
+    def _prior_key(self):
+        return (id(self.prior),) + tuple((p._version, p.data_ptr())
+                                         for p in self.prior.parameters())
+
+    def _cached(self, name: str, key, fn):
+        hit = self._cache.get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        with torch.no_grad():
+            val = fn()
+        self._cache[name] = (key, val)
+        return val
+
+    def _S(self) -> Tensor:
+        def build():
+            S = self.prior.cov(self.J) @ self.J.t()
+            return 0.5 * (S + S.t())
+        return self._cached("S", self._prior_key(), build)
+
+    def _chol(self, noise_var=None) -> Tensor:
+        s2 = self._sigma2(noise_var)
+        if self._needs_graph(noise_var):
+            return torch.linalg.cholesky(self.kernel(noise_var))
+        key = (self._prior_key(), float(s2))
+        return self._cached("chol", key, lambda: torch.linalg.cholesky(self.kernel(noise_var)))
+
+    # ------------------------------------------------------------------ matrices
+    def phi_sigma(self) -> Tensor:
+        """``Φ Σ``, ``[d_y, d_θ]`` (differentiable in the prior)."""
+        return self.prior.cov(self.Phi)
+
+    def kernel(self, noise_var=None) -> Tensor:
+        """``K = Φ Σ Φᵀ + σ² I``, ``[d_y, d_y]`` (differentiable when needed)."""
+        eye = torch.eye(self.d_y, dtype=DTYPE, device=self.J.device)
+        if self._needs_graph(noise_var):
+            K = self.phi_sigma() @ self.Phi.t()
+        else:
+            K = self.A @ self._S() @ self.A.t()
+        K = 0.5 * (K + K.t())
+        return K + self._sigma2(noise_var) * eye
+
+    def kernel_cholesky(self, noise_var=None) -> Tensor:
+        """Lower Cholesky factor of ``K``."""
+        return self._chol(noise_var)
+
+    def prior_image_cov(self) -> Tensor:
+        """``S = J Σ Jᵀ``, the prior covariance of the linearised image, ``[d_x, d_x]``."""
+        if self._needs_graph():
+            S = self.prior.cov(self.J) @ self.J.t()
+            return 0.5 * (S + S.t())
+        return self._S()
+
+    # ------------------------------------------------------------------ results
+    def theta_star(self) -> Tensor:
+        """``θ* = Σ Φᵀ K⁻¹ ỹ = Σ Jᵀ Aᵀ K⁻¹ ỹ``, ``[d_θ]``."""
+        y = self._need_y()
+        alpha = torch.cholesky_solve(y.unsqueeze(1), self._chol()).squeeze(1)
+        return self.prior.cov(self.J.t() @ (self.A.t() @ alpha))
+
+    def _whitened_AS(self) -> Tensor:
+        S = self.prior_image_cov()
+        return torch.linalg.solve_triangular(self._chol(), self.A @ S, upper=False)
+
+    def posterior_cov_image(self) -> Tensor:
+        """``Cov[x | y] = J H⁻¹ Jᵀ = S − S Aᵀ K⁻¹ A S``, ``[d_x, d_x]``."""
+        W = self._whitened_AS()
+        C = self.prior_image_cov() - W.t() @ W
+        return 0.5 * (C + C.t())
+
+    def posterior_var_image(self) -> Tensor:
+        """The diagonal of :meth:`posterior_cov_image`, ``[H, W]``."""
+        W = self._whitened_AS()
+        var = torch.diagonal(self.prior_image_cov()) - W.square().sum(0)
+        return var.reshape(self.image_shape)
+
+    def posterior_std_image(self) -> Tensor:
+        """Per-pixel posterior std, ``[H, W]``."""
+        return self.posterior_var_image().clamp_min(0).sqrt()
+
+    def log_evidence(self, noise_var=None) -> Tensor:
+        """``−½ ỹᵀ K⁻¹ ỹ − ½ log|K| − (d_y/2) log 2π`` (0-d, differentiable)."""
+        y = self._need_y()
+        L = self._chol(noise_var)
+        a = torch.linalg.solve_triangular(L, y.unsqueeze(1), upper=False).squeeze(1)
+        return (-0.5 * a.square().sum() - torch.log(torch.diagonal(L)).sum()
+                - 0.5 * self.d_y * math.log(2 * math.pi))
+
+    def gamma_blocks(self) -> Tensor:
+        """``γ_b = Tr(K⁻¹ Φ_b Σ_b Φ_bᵀ)`` per prior block, ``[B]`` (their sum is ``γ``)."""
+        kinv_phi = torch.cholesky_solve(self.Phi, self._chol())
+        prod = kinv_phi * self.phi_sigma()
+        return torch.stack([prod[:, sl].sum() for sl in self.prior.block_slices.values()])
+
+    def expected_block_quadratics(self) -> Tensor:
+        """``E‖z_b‖²_{C_b⁻¹} = Tr(C_b⁻¹ H⁻¹_{bb}) = a_b (d_b − γ_b)``, ``[B]``.
+
+        For ``z ~ N(0, H⁻¹)``: what the sample-based MacKay / EM updates estimate.
+        """
+        dims = self.prior.block_dims.to(self.J.device)
+        return self.prior.variances.to(DTYPE) * (dims - self.gamma_blocks())
+
+    def sample(self, k: int, generator: torch.Generator | None = None, *,
+               u: Tensor | None = None, e: Tensor | None = None) -> Tensor:
+        """Exact zero-mean samples ``z ~ N(0, H⁻¹)`` (dense Matheron), ``[k, d_θ]``.
+
+        ``z = θ⁰ − Σ Φᵀ K⁻¹ (Φ θ⁰ + σ e)`` with ``θ⁰ = L u``; pass the standard
+        normals ``u`` ``[k, d_θ]`` and ``e`` ``[k, d_y]`` (e.g. a sampler's
+        ``state.base_u``, ``state.base_e``) to reproduce its draws exactly.
+        """
+        gen = generator if generator is not None else torch.Generator().manual_seed(0)
+        if u is None:
+            u = torch.randn(k, self.d_theta, generator=gen, dtype=DTYPE)
+        if e is None:
+            e = torch.randn(k, self.d_y, generator=gen, dtype=DTYPE)
+        u = u.to(device=self.J.device, dtype=DTYPE)
+        e = e.to(device=self.J.device, dtype=DTYPE)
+        with torch.no_grad():
+            theta0 = self.prior.cov_sqrt(u)
+            sigma = self._sigma2().sqrt()
+            rhs = (theta0 @ self.J.t()) @ self.A.t() + sigma * e  # Φ θ⁰ + σ e
+            X = torch.cholesky_solve(rhs.t(), self._chol()).t()
+            return theta0 - self.prior.cov((X @ self.A) @ self.J)
+
+    def precision_params(self) -> Tensor:
+        """Dense ``H = ΦᵀΦ/σ² + Σ⁻¹``, ``[d_θ, d_θ]`` (tiny ``d_θ`` only)."""
+        eye = torch.eye(self.d_theta, dtype=DTYPE, device=self.J.device)
+        H = self.Phi.t() @ self.Phi / self._sigma2() + self.prior.precision(eye)
+        return 0.5 * (H + H.t())
+
+    def posterior_cov_params(self) -> Tensor:
+        """Dense ``H⁻¹ = Σ − Σ Φᵀ K⁻¹ Φ Σ``, ``[d_θ, d_θ]`` (tiny ``d_θ`` only)."""
+        eye = torch.eye(self.d_theta, dtype=DTYPE, device=self.J.device)
+        PS = self.phi_sigma()
+        W = torch.linalg.solve_triangular(self._chol(), PS, upper=False)
+        C = self.prior.cov(eye) - W.t() @ W
+        return 0.5 * (C + C.t())
+
+    def __repr__(self) -> str:
+        return f"ExactPosterior(d_x={self.d_x}, d_y={self.d_y}, d_theta={self.d_theta})"
+
+
+# ------------------------------------------------------------------------------
+# a small seeded problem for tests, benchmarks and examples
+
+
+@dataclass
+class ToyProblem:
+    """A simulated CT problem with a (briefly) fitted U-net.
+
+    Attributes
+    ----------
+    op : RayTransform
+    truth : Tensor, shape (H, W)
+    y : Tensor, shape (n_angles, n_det)
+    noise_std : float
+        ``σ`` of the simulated Gaussian noise.
+    model : UNet
+        Fitted, eval mode.
+    net_input : Tensor, shape (1, 1, H, W)
+    fit_time : float
+        Seconds spent fitting.
+    """
+
+    op: object
+    truth: Tensor
+    y: Tensor
+    noise_std: float
+    model: torch.nn.Module
+    net_input: Tensor
+    fit_time: float
+
+    def linearization(self, **kwargs) -> Linearization:
+        """A fresh :class:`Linearization` of the fitted model."""
+        return Linearization(self.model, self.net_input, **kwargs)
+
+
+@functools.lru_cache(maxsize=4)
+def toy_problem(size: int = 28, n_angles: int = 20, *, unet="reference-28",
+                channels: tuple[int, ...] | None = (4, 4, 4), fit_steps: int = 200,
+                lr: float = 5e-3, tv_weight: float = 0.5, noise_level: float = 0.05,
+                phantom: str | None = None, seed: int = 0, device="cpu",
+                threads: int | None = 1) -> ToyProblem:
+    """A small seeded CT problem: phantom, noisy sinogram, U-net fitted by a few Adam steps.
+
+    The fit (Adam on ``‖A f(θ) − y‖² + γ TV(f(θ))`` from the FBP input,
+    ``fit_steps`` steps) is deliberately short: the linearisation maths does
+    not need a good fit. Results are cached per argument tuple (the same
+    objects come back: do not modify them).
+
+    Parameters
+    ----------
+    size, n_angles : int
+        Image side and number of parallel-beam angles. Defaults 28, 20.
+    unet : str
+        U-net preset. Default ``'reference-28'``.
+    channels : tuple of int or None
+        Override of the preset's widths (default ``(4, 4, 4)``: 1,512 conv
+        weights, so the dense oracle is cheap); None keeps the preset's.
+    fit_steps, lr, tv_weight : optional
+        Adam steps (default 200), learning rate (5e-3), TV weight γ (0.5).
+    noise_level : float
+        Noise std relative to mean |A x|. Default 0.05.
+    phantom : str or None
+        ``'digits'``, ``'shepp'``, ``'ellipses'``…; None: digits for sizes
+        ≤ 32, else ellipses.
+    seed : int
+    device : str
+    threads : int or None
+        CPU threads for the fit (restored afterwards). Default 1: a 28² fit
+        gains nothing from more, and on a busy machine oversubscribed
+        threads make it up to 40× slower (measured). None: leave as is.
+    """
+    import time
+
+    from ctuq.data.geometry import Geometry
+    from ctuq.data.operators import RayTransform
+    from ctuq.data.phantoms import make_phantom
+    from ctuq.data.simulate import simulate_sinogram
+    from ctuq.models.unet import build_unet
+
+    t0 = time.perf_counter()
+    device = torch.device(device)
+    op = RayTransform(Geometry.parallel(size, n_angles), backend="matrix", device=device)
+    name = phantom or ("digits" if size <= 32 else "ellipses")
+    truth = torch.as_tensor(make_phantom(name, size, seed), dtype=torch.float32).to(device)
+    y, noise_std = simulate_sinogram(truth, op, noise_level, seed=seed + 1)
+    overrides = {} if channels is None else {"channels": tuple(channels)}
+    model = build_unet(unet, seed=seed, device=device, **overrides)
+    net_input = op.fbp(y).reshape(1, 1, size, size).float().to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    old_threads = torch.get_num_threads()
+    if threads is not None and device.type == "cpu":
+        torch.set_num_threads(int(threads))
+    try:
+        _fit(model, net_input, op, y, opt, int(fit_steps), float(tv_weight))
+    finally:
+        torch.set_num_threads(old_threads)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return ToyProblem(op, truth, y, float(noise_std), model, net_input.detach(),
+                      time.perf_counter() - t0)
+
+
+def _fit(model, net_input, op, y, opt, steps: int, tv_weight: float) -> None:
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        out = model(net_input)[0, 0]
+        tv = ((out[1:, :] - out[:-1, :]).abs().sum() + (out[:, 1:] - out[:, :-1]).abs().sum())
+        loss = (op.A(out) - y).square().sum() + tv_weight * tv
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()

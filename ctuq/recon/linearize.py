@@ -1,0 +1,439 @@
+"""The tangent linear model of a fitted network: Jacobian products (METHOD.md §3).
+
+For a network ``f(θ)`` with a fixed input and a fit ``θ̃``, the linearisation
+is ``h(θ) = f(θ̃) + J (θ − θ̃)`` with ``J = ∂f/∂θ`` at ``θ̃`` (shape
+``d_x × d_θ``, ``d_x = H·W``). Only a chosen subset of the parameters enters
+``θ`` (by default every convolution weight, the reference choice; biases and
+normalisation parameters stay fixed at their fitted values). The chosen
+parameters are flattened into one vector, ordered and grouped by the
+network's prior blocks (:meth:`ctuq.models.unet.UNet.blocks`).
+
+:class:`Linearization` provides, batched over many vectors at once:
+
+- ``jvp(v)``: ``J v`` by forward-mode AD (``torch.func.jvp`` under ``vmap``),
+- ``vjp(u)``: ``Jᵀ u`` by reverse-mode AD (``torch.func.vjp``; the forward
+  pass is taken once at construction and reused by every call),
+- ``phi(v, op) = A(J v)`` and ``phi_t(u, op) = Jᵀ(Aᵀ u)`` for a ray
+  transform ``op`` (the ray transform stays outside the Jacobian),
+- ``dense()``: the dense ``J`` for small problems (float32 or float64).
+
+The output sigmoid of the U-net stays inside ``f`` (reference choice).
+
+Examples
+--------
+>>> import torch
+>>> from ctuq.models.unet import build_unet
+>>> net = build_unet("reference-28", channels=(4, 4, 4)).eval()
+>>> lin = Linearization(net, torch.rand(1, 1, 28, 28))
+>>> v = torch.randn(3, lin.num_params)
+>>> tuple(lin.jvp(v).shape), tuple(lin.vjp(torch.randn(2, 28, 28)).shape)
+((3, 28, 28), (2, 1512))
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, jvp, vjp, vmap
+
+from ctuq.errors import InputError
+
+__all__ = ["ParamSegment", "ParamBlock", "Linearization", "select_parameters",
+           "dense_ray_matrix"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ParamSegment:
+    """One network parameter tensor inside the flat parameter vector.
+
+    Attributes
+    ----------
+    name : str
+        Parameter name as in ``model.named_parameters()`` (e.g. ``inc.0.conv.weight``).
+    shape : tuple of int
+        Its shape (``[c_out, c_in, kh, kw]`` for a conv weight).
+    slice : slice
+        Where it lies in the flat vector.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    slice: slice
+
+    @property
+    def numel(self) -> int:
+        return self.slice.stop - self.slice.start
+
+    @property
+    def kernel_size(self) -> tuple[int, int] | None:
+        """``(kh, kw)`` for a 4-D conv weight, else None."""
+        return tuple(self.shape[-2:]) if len(self.shape) == 4 else None
+
+
+@dataclass(frozen=True)
+class ParamBlock:
+    """A prior block: consecutive parameter tensors sharing prior hyperparameters.
+
+    Attributes
+    ----------
+    name : str
+        Block name (``inc``, ``down_0``, ``skip_0``, ``up_0``, ``out`` for the U-net).
+    slice : slice
+        Where the block lies in the flat vector.
+    segments : tuple of ParamSegment
+        Its parameter tensors, in order.
+    """
+
+    name: str
+    slice: slice
+    segments: tuple[ParamSegment, ...]
+
+    @property
+    def numel(self) -> int:
+        return self.slice.stop - self.slice.start
+
+    @property
+    def kernel_size(self) -> tuple[int, int] | None:
+        """The common ``(kh, kw)`` of the block's conv weights, or None if mixed / not conv."""
+        sizes = {s.kernel_size for s in self.segments}
+        return sizes.pop() if len(sizes) == 1 else None
+
+
+def select_parameters(model: nn.Module, param_filter="conv_weights"
+                      ) -> "OrderedDict[str, list[str]]":
+    """Choose the linearised parameters and group them into prior blocks.
+
+    Parameters
+    ----------
+    model : nn.Module
+        With a ``blocks()`` method (the U-net) the blocks are its blocks; any
+        other module gets one block per top-level child module.
+    param_filter : {'conv_weights', 'conv', 'all'} or callable
+        ``'conv_weights'`` (default, reference): the weights of the convs of
+        ``model.blocks()`` (all ``Conv2d`` weights for other modules);
+        ``'conv'``: their weights and biases; ``'all'``: every trainable
+        parameter (parameters outside the blocks form a block ``'other'``);
+        a callable ``(name, parameter) -> bool`` filters ``'all'``.
+
+    Returns
+    -------
+    OrderedDict
+        Block name → list of parameter names, in network order.
+    """
+    params = dict(model.named_parameters())
+    blocks: OrderedDict[str, list[str]] = OrderedDict()
+    if hasattr(model, "blocks"):
+        for bname, convs in model.blocks().items():
+            names = []
+            for wname, conv in convs:
+                names.append(wname)
+                if conv.bias is not None:
+                    names.append(wname[: -len("weight")] + "bias")
+            blocks[bname] = names
+    else:
+        for cname, child in model.named_children():
+            names = [f"{cname}.{n}" for n, _ in child.named_parameters()]
+            if names:
+                blocks[cname] = names
+    covered = {n for names in blocks.values() for n in names}
+    rest = [n for n in params if n not in covered]
+
+    if param_filter == "conv_weights" or param_filter == "conv":
+        keep_bias = param_filter == "conv"
+        mods = dict(model.named_modules())
+
+        def is_conv_param(n: str) -> bool:
+            mod = mods.get(n.rsplit(".", 1)[0]) if "." in n else model
+            if not isinstance(mod, nn.Conv2d | nn.ConvTranspose2d):
+                return False
+            return n.endswith(".weight") or (keep_bias and n.endswith(".bias"))
+
+        out = OrderedDict((b, [n for n in names if is_conv_param(n)])
+                          for b, names in blocks.items())
+    elif param_filter == "all" or callable(param_filter):
+        keep = (lambda n, p: True) if param_filter == "all" else param_filter
+        out = OrderedDict((b, [n for n in names if keep(n, params[n])])
+                          for b, names in blocks.items())
+        extra = [n for n in rest if keep(n, params[n])]
+        if extra:
+            out["other"] = extra
+    else:
+        raise InputError("must be 'conv_weights', 'conv', 'all' or a callable, got "
+                         f"{param_filter!r}", field="param_filter")
+    out = OrderedDict((b, names) for b, names in out.items() if names)
+    if not out:
+        raise InputError("no parameters selected for the linearisation", field="param_filter")
+    return out
+
+
+class Linearization:
+    """Jacobian operator of a fitted network at its weights ``θ̃``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The fitted network (put in eval mode here: dropout off). Its
+        parameters are not modified.
+    net_input : Tensor
+        The fixed network input, e.g. ``[1, 1, H, W]`` for the DIP.
+    param_filter : str or callable, optional
+        Which parameters form ``θ`` (see :func:`select_parameters`).
+        Default ``'conv_weights'``.
+    chunk_size : int or None, optional
+        Largest number of vectors pushed through one ``vmap``-ed product;
+        larger batches are processed in chunks to bound memory. None: all at
+        once. Default None.
+    vectorize : bool, optional
+        Use ``torch.func.vmap`` (default True). If vmap fails for some layer,
+        the products fall back to an explicit loop (logged once).
+
+    Attributes
+    ----------
+    theta_hat : Tensor, shape (d_θ,)
+        The chosen parameters at the fit, flattened (float32, on the model's device).
+    x_hat : Tensor
+        ``f(θ̃)``, the network output with the batch/channel axes of size one
+        squeezed: ``[H, W]`` for the DIP.
+    blocks : OrderedDict[str, ParamBlock]
+        The prior blocks, in network order.
+    block_slices : OrderedDict[str, slice]
+        Block name → slice of the flat vector.
+    device, dtype
+        Of ``theta_hat``.
+
+    Notes
+    -----
+    Cost: ``jvp`` of ``k`` vectors ≈ 2–3 forward passes of a batch of ``k``;
+    ``vjp`` ≈ the same (the primal forward pass is cached).
+    """
+
+    def __init__(self, model: nn.Module, net_input: Tensor, param_filter="conv_weights", *,
+                 chunk_size: int | None = None, vectorize: bool = True):
+        model.eval()
+        self.model = model
+        self.net_input = net_input.detach()
+        self.chunk_size = None if chunk_size is None else max(1, int(chunk_size))
+        self._vectorize = bool(vectorize)
+
+        groups = select_parameters(model, param_filter)
+        params = dict(model.named_parameters())
+        blocks: OrderedDict[str, ParamBlock] = OrderedDict()
+        names, shapes, offset = [], [], 0
+        for bname, pnames in groups.items():
+            segs, start = [], offset
+            for pn in pnames:
+                p = params[pn]
+                segs.append(ParamSegment(pn, tuple(p.shape), slice(offset, offset + p.numel())))
+                names.append(pn)
+                shapes.append(tuple(p.shape))
+                offset += p.numel()
+            blocks[bname] = ParamBlock(bname, slice(start, offset), tuple(segs))
+        self.blocks = blocks
+        self.block_slices = OrderedDict((b, blk.slice) for b, blk in blocks.items())
+        self.param_names: list[str] = names
+        self._shapes = shapes
+        self._sizes = [math.prod(s) for s in shapes]
+        self.theta_hat = torch.cat([params[n].detach().reshape(-1) for n in names])
+        self.device, self.dtype = self.theta_hat.device, self.theta_hat.dtype
+        self._fixed = {n: p.detach() for n, p in params.items() if n not in set(names)}
+        self._fixed.update({n: b.detach() for n, b in model.named_buffers()})
+
+        with torch.no_grad():
+            out = self._f_raw(self.theta_hat)
+        self.out_shape = tuple(out.shape)
+        self.x_hat = out.reshape(self.image_shape)
+        self._vjp_fn: Callable | None = None
+        log.info("linearisation: %d parameters in %d blocks (%s), output %s",
+                 self.num_params, len(blocks), param_filter if isinstance(param_filter, str)
+                 else "custom filter", self.image_shape)
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def num_params(self) -> int:
+        """``d_θ``."""
+        return int(self.theta_hat.numel())
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        """The output shape without singleton batch/channel axes (``(H, W)`` for the DIP)."""
+        shape = tuple(self.out_shape)
+        while len(shape) > 2 and shape[0] == 1:
+            shape = shape[1:]
+        return shape
+
+    @property
+    def num_outputs(self) -> int:
+        """``d_x``."""
+        return math.prod(self.image_shape)
+
+    def block_sizes(self) -> "OrderedDict[str, int]":
+        """Block name → ``d_b``."""
+        return OrderedDict((b, blk.numel) for b, blk in self.blocks.items())
+
+    def split(self, v: Tensor) -> "OrderedDict[str, Tensor]":
+        """Views of the blocks of ``v`` (``[..., d_θ]`` → name → ``[..., d_b]``)."""
+        return OrderedDict((b, v[..., sl]) for b, sl in self.block_slices.items())
+
+    # --------------------------------------------------------------- the map f
+    def _params_from(self, theta: Tensor, fixed: dict | None = None) -> dict:
+        p = dict(self._fixed if fixed is None else fixed)
+        for n, t, s in zip(self.param_names, theta.split(self._sizes), self._shapes):
+            p[n] = t.view(s)
+        return p
+
+    def _f_raw(self, theta: Tensor, fixed: dict | None = None,
+               net_input: Tensor | None = None) -> Tensor:
+        inp = self.net_input if net_input is None else net_input
+        return functional_call(self.model, self._params_from(theta, fixed), (inp,))
+
+    def f(self, theta: Tensor) -> Tensor:
+        """The network output at the flat parameters ``theta`` (``[d_θ]`` → image shape)."""
+        return self._f_raw(theta).reshape(self.image_shape)
+
+    def linear_model(self, theta: Tensor) -> Tensor:
+        """``f(θ̃) + J (θ − θ̃)`` for ``theta`` ``[d_θ]`` or ``[k, d_θ]``."""
+        single = theta.ndim == 1
+        t = theta.reshape(-1, self.num_params)
+        out = self.x_hat + self.jvp(t - self.theta_hat)
+        return out[0] if single else out
+
+    # ------------------------------------------------------------ the products
+    def _chunks(self, v: Tensor):
+        n = v.shape[0]
+        step = n if self.chunk_size is None else self.chunk_size
+        for i in range(0, n, max(step, 1)):
+            yield v[i:i + step]
+
+    def _jvp_one(self, v: Tensor) -> Tensor:
+        return jvp(lambda th: self._f_raw(th).reshape(self.image_shape),
+                   (self.theta_hat,), (v,))[1]
+
+    def _get_vjp_fn(self) -> Callable:
+        if self._vjp_fn is None:
+            _, self._vjp_fn = vjp(lambda th: self._f_raw(th).reshape(self.image_shape),
+                                  self.theta_hat)
+        return self._vjp_fn
+
+    def _batched(self, fn: Callable, v: Tensor) -> Tensor:
+        if self._vectorize:
+            try:
+                return vmap(fn)(v)
+            except (RuntimeError, NotImplementedError) as err:
+                log.warning("vmap failed (%s); falling back to an explicit loop", err)
+                self._vectorize = False
+        return torch.stack([fn(vi) for vi in v])
+
+    def jvp(self, v: Tensor) -> Tensor:
+        """``J v`` for a batch of parameter-space vectors.
+
+        Parameters
+        ----------
+        v : Tensor, shape (k, d_θ) or (d_θ,)
+
+        Returns
+        -------
+        Tensor, shape (k, H, W) (or (H, W) for a single vector)
+        """
+        single = v.ndim == 1
+        v = v.reshape(-1, self.num_params).to(self.dtype)
+        if v.shape[0] == 0:
+            return v.new_zeros(0, *self.image_shape)
+        out = torch.cat([self._batched(self._jvp_one, c) for c in self._chunks(v)])
+        return out[0] if single else out
+
+    def vjp(self, u: Tensor) -> Tensor:
+        """``Jᵀ u`` for a batch of image-space vectors.
+
+        Parameters
+        ----------
+        u : Tensor, shape (k, H, W) or (H, W)
+
+        Returns
+        -------
+        Tensor, shape (k, d_θ) (or (d_θ,) for a single image)
+        """
+        single = u.ndim == len(self.image_shape)
+        u = u.reshape(-1, *self.image_shape).to(self.dtype)
+        if u.shape[0] == 0:
+            return u.new_zeros(0, self.num_params)
+        fn = self._get_vjp_fn()
+        out = torch.cat([self._batched(lambda ui: fn(ui)[0], c) for c in self._chunks(u)])
+        return out[0] if single else out
+
+    def phi(self, v: Tensor, op) -> Tensor:
+        """``Φ v = A (J v)``: ``[k, d_θ]`` → ``[k, n_angles, n_det]``."""
+        return op.A(self.jvp(v))
+
+    def phi_t(self, u: Tensor, op) -> Tensor:
+        """``Φᵀ u = Jᵀ (Aᵀ u)``: ``[k, n_angles, n_det]`` → ``[k, d_θ]``."""
+        return self.vjp(op.A_adjoint(u))
+
+    # ------------------------------------------------------------------ dense
+    def dense(self, dtype: torch.dtype = torch.float32, chunk_size: int = 256) -> Tensor:
+        """The dense Jacobian, row by row via batched VJPs (small problems only).
+
+        Parameters
+        ----------
+        dtype : torch.dtype, optional
+            ``torch.float64`` recomputes the network in double precision (the
+            exact oracle). Default float32.
+        chunk_size : int, optional
+            Rows per batched VJP. Default 256.
+
+        Returns
+        -------
+        Tensor, shape (d_x, d_θ)
+            ``J[i, j] = ∂ f_i / ∂ θ_j`` with ``i`` the C-order pixel index.
+        """
+        n_out, d = self.num_outputs, self.num_params
+        log.info("dense Jacobian %d x %d (%s, %.1f MB)", n_out, d, dtype,
+                 n_out * d * torch.finfo(dtype).bits / 8 / 1e6)
+        if dtype == self.dtype:
+            fn = self._get_vjp_fn()
+        else:
+            fixed = {k: v.to(dtype) if v.is_floating_point() else v
+                     for k, v in self._fixed.items()}
+            inp = self.net_input.to(dtype)
+            theta = self.theta_hat.to(dtype)
+            _, fn = vjp(lambda th: self._f_raw(th, fixed, inp).reshape(self.image_shape), theta)
+        out = torch.empty(n_out, d, dtype=dtype, device=self.device)
+        eye_rows = torch.arange(n_out, device=self.device)
+        for i in range(0, n_out, chunk_size):
+            idx = eye_rows[i:i + chunk_size]
+            basis = torch.zeros(idx.numel(), n_out, dtype=dtype, device=self.device)
+            basis[torch.arange(idx.numel(), device=self.device), idx] = 1
+            basis = basis.reshape(-1, *self.image_shape)
+            if self._vectorize:
+                try:
+                    out[idx] = vmap(lambda ui: fn(ui)[0])(basis)
+                    continue
+                except (RuntimeError, NotImplementedError) as err:
+                    log.warning("vmap failed (%s); falling back to an explicit loop", err)
+                    self._vectorize = False
+            out[idx] = torch.stack([fn(ui)[0] for ui in basis])
+        return out
+
+    def __repr__(self) -> str:
+        return (f"Linearization(d_theta={self.num_params}, blocks={list(self.blocks)}, "
+                f"output={self.image_shape})")
+
+
+def dense_ray_matrix(op, dtype: torch.dtype = torch.float64) -> Tensor:
+    """The dense ray transform ``A``, ``[d_y, d_x]``, from ``op.A`` of the image basis.
+
+    Rows in sinogram C order (angle-major), columns in image C order; small
+    problems only (28²: 800 × 784).
+    """
+    n0, n1 = op.domain_shape
+    eye = torch.eye(n0 * n1, device=op.device).reshape(-1, n0, n1)
+    with torch.no_grad():
+        cols = op.A(eye).reshape(n0 * n1, -1)
+    return cols.t().contiguous().to(dtype)

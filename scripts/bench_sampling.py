@@ -1,0 +1,262 @@
+#!/usr/bin/env python
+"""Benchmark the posterior samplers; prints one JSON document on stdout.
+
+For each problem (28² / 20 angles with the ``reference-28`` U-net, 64² / 45
+angles with ``dip-64``, 128² / 90 angles with ``dip-128``; the networks are
+fitted by a short Adam run, the linearisation does not need a good fit):
+
+- ``components_s``: one batched JVP, VJP, ``A`` and ``Aᵀ`` on ``k + 1``
+  vectors (medians), and their sum;
+- ``cg``: the Matheron sampler (θ* and k samples): total time, time per
+  sample, iterations, set-up (preconditioner) time, and the time per CG
+  iteration measured on a fixed-iteration solve; the **overhead ratio** =
+  time per CG iteration ÷ (JVP + VJP + A + Aᵀ);
+- ``sto``: the sample-then-optimise sampler, the same figures;
+- ``exact``: the dense float64 oracle (``J``, ``K``, Cholesky, the exact
+  variance map, θ* and k exact samples) where its matrices fit in
+  ``--exact-max-gb``; then the accuracy of both samplers against it (the
+  same draws: image-space error of every sample ``‖J(z − z_exact)‖ /
+  ‖J z_exact‖``, θ*, and the median relative error of the per-pixel
+  variance from the k samples, next to its Monte-Carlo expectation
+  ``0.6745·sqrt(2/k)``), and the speed-up of each sampler over it.
+
+Usage::
+
+    python scripts/bench_sampling.py [--quick] [--sizes 28,64,128] [--k 32]
+                                     [--threads 2] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+PROBLEMS = {28: (20, "reference-28"), 64: (45, "dip-64"), 128: (90, "dip-128")}
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median_s(fn, repeats: int, device) -> float:
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _machine(device) -> dict:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    out = {"cpu": cpu, "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "python": platform.python_version(),
+           "device": str(device)}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    try:
+        out["load_average_start"] = os.getloadavg()
+    except OSError:
+        pass
+    return out
+
+
+def _accuracy(post, ex, var_exact, mask) -> dict:
+    with torch.no_grad():
+        z_ex = ex.sample(post.k, u=post.state.base_u, e=post.state.base_e)
+        img_ex = z_ex @ ex.J.t()
+        img = post.z.double() @ ex.J.t()
+        err = (img - img_ex).norm(dim=1) / img_ex.norm(dim=1)
+        ts = ex.theta_star()
+        v_hat = img.square().mean(0)
+        var_err = (v_hat[mask] / var_exact[mask] - 1).abs().median()
+    return {"sample_image_rel_error_median": float(err.median()),
+            "sample_image_rel_error_max": float(err.max()),
+            "theta_star_rel_error": float((post.theta_star.double() - ts).norm() / ts.norm()),
+            "variance_median_rel_error": float(var_err),
+            "variance_median_rel_error_mc_expected": 0.6745 * math.sqrt(2 / post.k)}
+
+
+def bench_size(size: int, args, device) -> dict:
+    from ctuq.recon.exact import ExactPosterior, toy_problem
+    from ctuq.recon.priors import BlockPrior
+    from ctuq.recon.sampling import ObservationKernel, batched_cg, sample_posterior
+
+    n_angles, preset = PROBLEMS[size]
+    t0 = time.perf_counter()
+    pb = toy_problem(size, n_angles, unet=preset, channels=None, fit_steps=args.fit_steps,
+                     seed=0, device=str(device), threads=None)
+    lin = pb.linearization(chunk_size=args.chunk or None)
+    op = pb.op
+    prior = BlockPrior(lin)  # reference initialisation a_b = 1, ℓ_b = 0.1
+    s2 = pb.noise_std**2
+    k = args.k
+    m = k + 1
+    d_y = math.prod(op.range_shape)
+    res = {"image": size, "n_angles": n_angles, "d_y": d_y, "unet": preset,
+           "d_theta": lin.num_params, "k": k, "noise_std": pb.noise_std,
+           "setup_s": time.perf_counter() - t0}
+    gen = torch.Generator().manual_seed(0)
+
+    # -- components on k + 1 vectors
+    V = torch.randn(m, lin.num_params, generator=gen).to(device)
+    U = torch.randn(m, *lin.image_shape, generator=gen).to(device)
+    S = torch.randn(m, *op.range_shape, generator=gen).to(device)
+    with torch.no_grad():
+        comp = {"jvp": _median_s(lambda: lin.jvp(V), args.repeats, device),
+                "vjp": _median_s(lambda: lin.vjp(U), args.repeats, device),
+                "A": _median_s(lambda: op.A(U), args.repeats, device),
+                "A_adjoint": _median_s(lambda: op.A_adjoint(S), args.repeats, device)}
+    comp["sum"] = sum(comp.values())
+    res["components_s"] = comp
+
+    # -- the CG sampler, end to end
+    t = time.perf_counter()
+    cg = sample_posterior(lin, op, prior, s2, pb.y, k, method="cg",
+                          generator=torch.Generator().manual_seed(1))
+    _sync(device)
+    t_cg = time.perf_counter() - t
+    # time per CG iteration on a fixed number of iterations (no convergence check exits)
+    kern = ObservationKernel(lin, op, prior, s2)
+    pc = cg.state.preconditioner
+    B = torch.randn(m, d_y, generator=gen).to(device)
+    n_it = args.cg_iterations
+
+    def fixed_cg():
+        batched_cg(kern, B, precond=lambda R: pc(R, s2), tol=0.0, max_iter=n_it,
+                   patience=None, true_residual=False)
+
+    t_iter = _median_s(fixed_cg, max(1, args.repeats // 2), device) / n_it
+    res["cg"] = {"time_total_s": t_cg, "time_per_sample_s": t_cg / max(k, 1),
+                 "iterations": cg.info["iterations"], "converged": cg.info["converged"],
+                 "max_residual": float(cg.info["residuals"].max()),
+                 "setup_s": cg.info["time_setup"], "precond_rank": cg.info["precond_rank"],
+                 "precond_build_s": cg.info["precond_time"],
+                 "time_per_iteration_s": t_iter,
+                 "overhead_ratio": t_iter / comp["sum"]}
+
+    # -- the STO sampler, end to end
+    t = time.perf_counter()
+    sto = sample_posterior(lin, op, prior, s2, pb.y, k, method="sto",
+                           iterations=args.sto_iterations,
+                           generator=torch.Generator().manual_seed(1))
+    _sync(device)
+    t_sto = time.perf_counter() - t
+    res["sto"] = {"time_total_s": t_sto, "time_per_sample_s": t_sto / max(k, 1),
+                  "iterations": sto.info["iterations"], "converged": sto.info["converged"],
+                  "max_residual": float(sto.info["residuals"].max()),
+                  "setup_s": sto.info["time_setup"],
+                  "precond_build_s": sto.info["precond_time"],
+                  "time_per_iteration_s": sto.info["time_per_iteration"],
+                  "overhead_ratio": sto.info["time_per_iteration"] / comp["sum"]}
+
+    # -- the exact dense path where it fits
+    d_x = lin.num_outputs
+    need_gb = 8 * (lin.num_params * (2 * d_x + 2 * d_y) + 2 * d_x * d_x) / 1024**3
+    res["exact_memory_gb"] = need_gb
+    if need_gb <= args.exact_max_gb:
+        t = time.perf_counter()
+        ex = ExactPosterior(lin, op, prior, s2, pb.y)
+        with torch.no_grad():
+            var = ex.posterior_var_image().reshape(-1)
+            ex.theta_star()
+            ex.sample(k, torch.Generator().manual_seed(2))
+        _sync(device)
+        t_ex = time.perf_counter() - t
+        mask = var > 1e-10 * var.max()
+        res["exact"] = {"time_total_s": t_ex, "time_per_sample_s": t_ex / max(k, 1),
+                        "pixels_with_nonzero_variance": int(mask.sum())}
+        res["cg"]["accuracy"] = _accuracy(cg, ex, var, mask)
+        res["sto"]["accuracy"] = _accuracy(sto, ex, var, mask)
+        res["cg"]["speedup_vs_exact"] = t_ex / t_cg
+        res["sto"]["speedup_vs_exact"] = t_ex / t_sto
+        del ex
+    else:
+        res["exact"] = None
+        res["exact_skipped"] = (f"needs ≈{need_gb:.1f} GB (J, Φ, ΦΣ, JΣ, S in float64) > "
+                                f"--exact-max-gb {args.exact_max_gb}")
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="28² only, k = 8, few repeats (a smoke run)")
+    parser.add_argument("--sizes", default="28,64,128")
+    parser.add_argument("--k", type=int, default=32, help="samples per sampler run")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cg-iterations", type=int, default=5)
+    parser.add_argument("--sto-iterations", type=int, default=200)
+    parser.add_argument("--fit-steps", type=int, default=150)
+    parser.add_argument("--chunk", type=int, default=64,
+                        help="most vectors per batched product (bounds the memory of the "
+                             "preconditioner sketch); 0: no limit")
+    parser.add_argument("--exact-max-gb", type=float, default=4.0)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.k, args.repeats, args.fit_steps = "28", 8, 3, 50
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ.setdefault("CTUQ_CACHE_DIR", tempfile.mkdtemp(prefix="ctuq-bench-"))
+    device = torch.device(args.device)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    unknown = [s for s in sizes if s not in PROBLEMS]
+    if unknown:
+        sys.exit(f"unknown size(s) {unknown}; choose from {sorted(PROBLEMS)}")
+
+    doc = {"benchmark": "bench_sampling", "machine": _machine(device),
+           "settings": {k: v for k, v in vars(args).items()},
+           "gpu": None if device.type == "cuda" else
+           ("not measured: no CUDA device in this run" if not torch.cuda.is_available()
+            else "run again with --device cuda"),
+           "results": []}
+    t0 = time.perf_counter()
+    for size in sizes:
+        doc["results"].append(bench_size(size, args, device))
+    both = [r for r in doc["results"] if r.get("exact")]
+    if both:
+        largest = max(both, key=lambda r: r["image"])
+        doc["summary"] = {
+            "largest_size_with_exact": largest["image"],
+            "cg_speedup_vs_exact": largest["cg"]["speedup_vs_exact"],
+            "sto_speedup_vs_exact": largest["sto"]["speedup_vs_exact"],
+        }
+    else:
+        doc["summary"] = {}
+    doc["summary"]["overhead_ratio"] = {str(r["image"]): r["cg"]["overhead_ratio"]
+                                        for r in doc["results"]}
+    doc["summary"]["targets"] = {"overhead_ratio_max": 1.3, "speedup_min": 10}
+    try:
+        doc["machine"]["load_average_end"] = os.getloadavg()
+    except OSError:
+        pass
+    doc["wall_s"] = time.perf_counter() - t0
+    json.dump(doc, sys.stdout, indent=2, default=float)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""The Jacobian operator: dense J against JVP / VJP products, blocks, adjointness."""
+
+
+import pytest
+import torch
+
+from ctuq.errors import InputError
+from ctuq.models.unet import build_unet
+from ctuq.recon.exact import toy_problem
+from ctuq.recon.linearize import Linearization, dense_ray_matrix, select_parameters
+
+from conftest import requires_cuda
+
+# torch registers its forward-mode decompositions through torch.jit.script on first use
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # 28² products gain nothing from intra-op threads, and on a busy machine two
+    # oversubscribed threads make them 3-4× slower (measured); restored afterwards
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return toy_problem()
+
+
+@pytest.fixture(scope="module")
+def lin(problem):
+    return problem.linearization()
+
+
+@pytest.fixture(scope="module")
+def J64(lin):
+    return lin.dense(torch.float64)
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def test_blocks_follow_the_unet_and_cover_the_vector(problem, lin):
+    blocks = problem.model.blocks()
+    assert list(lin.blocks) == list(blocks)
+    start = 0
+    params = dict(problem.model.named_parameters())
+    for name, sl in lin.block_slices.items():
+        assert sl.start == start
+        names = [n for n, _ in blocks[name]]
+        assert [s.name for s in lin.blocks[name].segments] == names
+        assert sl.stop - sl.start == sum(params[n].numel() for n in names)
+        start = sl.stop
+    assert start == lin.num_params
+    # theta_hat is the conv weights, in order
+    flat = torch.cat([params[n].reshape(-1) for n in problem.model.conv_weight_names()])
+    assert torch.equal(lin.theta_hat, flat)
+    assert lin.block_sizes()["out"] == params["out.weight"].numel()
+
+
+def test_x_hat_and_linear_model_at_theta_hat(problem, lin):
+    with torch.no_grad():
+        out = problem.model(problem.net_input)[0, 0]
+    assert torch.allclose(lin.x_hat, out)
+    assert torch.allclose(lin.linear_model(lin.theta_hat), out)
+    assert tuple(lin.image_shape) == (28, 28)
+
+
+def test_dense_jacobian_equals_jvp_and_vjp(lin, J64):
+    # float32 products against the float64 dense J: round-off ~1e-6 relative
+    gen = torch.Generator().manual_seed(0)
+    v = torch.randn(5, lin.num_params, generator=gen)
+    u = torch.randn(4, 28, 28, generator=gen)
+    jv = lin.jvp(v).double().reshape(5, -1)
+    jtu = lin.vjp(u).double()
+    assert jv.shape == (5, 784) and jtu.shape == (4, lin.num_params)
+    assert _rel(jv, v.double() @ J64.t()) < 1e-5
+    assert _rel(jtu, u.double().reshape(4, -1) @ J64) < 1e-5
+    # single vectors keep their shape
+    assert lin.jvp(v[0]).shape == (28, 28)
+    assert lin.vjp(u[0]).shape == (lin.num_params,)
+    # the float32 dense J agrees with the float64 one
+    assert _rel(lin.dense().double(), J64) < 1e-5
+
+
+def test_jvp_is_the_derivative(lin):
+    # f(θ̃ + h v) − f(θ̃) − h J v = O(h²): the ratio of remainders at h and h/2 is ≈ 4
+    v = torch.randn(lin.num_params, generator=torch.Generator().manual_seed(1)).double()
+    lin64 = lin  # products in float64 through the functional call
+    theta = lin.theta_hat.double()
+    fixed = {k: t.double() for k, t in lin._fixed.items()}
+    inp = lin.net_input.double()
+
+    def f(th):
+        return lin._f_raw(th, fixed, inp).reshape(28, 28)
+
+    jv = torch.func.jvp(f, (theta,), (v,))[1]
+    rem = [float((f(theta + h * v) - f(theta) - h * jv).norm()) for h in (1e-3, 5e-4)]
+    assert 3.0 < rem[0] / rem[1] < 5.0
+    # and the float32 operator agrees with the float64 JVP
+    assert _rel(lin64.jvp(v.float()).double(), jv) < 1e-5
+
+
+def test_phi_and_phi_t_are_adjoint(problem, lin):
+    gen = torch.Generator().manual_seed(2)
+    v = torch.randn(3, lin.num_params, generator=gen)
+    u = torch.randn(3, *problem.op.range_shape, generator=gen)
+    lhs = (lin.phi(v, problem.op) * u).sum((1, 2)).double()
+    rhs = (v * lin.phi_t(u, problem.op)).sum(1).double()
+    assert torch.allclose(lhs, rhs, rtol=1e-4)
+    # phi equals the dense A J
+    A = dense_ray_matrix(problem.op)
+    J = lin.dense(torch.float64)
+    assert _rel(lin.phi(v, problem.op).double().reshape(3, -1), v.double() @ (A @ J).t()) < 1e-5
+
+
+def test_chunking_and_loop_fallback_agree(problem, lin):
+    v = torch.randn(7, lin.num_params, generator=torch.Generator().manual_seed(3))
+    u = torch.randn(7, 28, 28, generator=torch.Generator().manual_seed(4))
+    ref_j, ref_t = lin.jvp(v), lin.vjp(u)
+    chunked = Linearization(problem.model, problem.net_input, chunk_size=3)
+    looped = Linearization(problem.model, problem.net_input, vectorize=False)
+    for other in (chunked, looped):
+        assert torch.allclose(other.jvp(v), ref_j, atol=1e-6, rtol=1e-5)
+        assert torch.allclose(other.vjp(u), ref_t, atol=1e-6, rtol=1e-5)
+    assert lin.jvp(v[:0]).shape == (0, 28, 28)
+
+
+def test_parameter_filters(problem):
+    model = problem.model
+    conv = select_parameters(model, "conv")
+    assert "inc.0.conv.bias" in conv["inc"] and "inc.0.conv.weight" in conv["inc"]
+    weights = select_parameters(model, "conv_weights")
+    assert all(n.endswith(".weight") for names in weights.values() for n in names)
+    lin_b = Linearization(model, problem.net_input, param_filter="conv")
+    n_bias = sum(m.bias.numel() for blk in model.blocks().values() for _, m in blk)
+    assert lin_b.num_params == Linearization(model, problem.net_input).num_params + n_bias
+    only_out = select_parameters(model, lambda n, p: n.startswith("out."))
+    assert list(only_out) == ["out"]
+    with pytest.raises(InputError):
+        select_parameters(model, "biases")
+    with pytest.raises(InputError):
+        select_parameters(model, lambda n, p: False)
+
+
+def test_generic_module_without_blocks():
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.Tanh(),
+                              torch.nn.Conv2d(2, 1, 1))
+    lin = Linearization(net, torch.rand(1, 1, 6, 6), param_filter="all")
+    assert list(lin.blocks) == ["0", "2"]
+    assert lin.num_params == sum(p.numel() for p in net.parameters())
+    J = lin.dense(torch.float64)
+    v = torch.randn(2, lin.num_params)
+    assert _rel(lin.jvp(v).double().reshape(2, -1), v.double() @ J.t()) < 1e-5
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_cuda_matches_cpu(problem, lin):
+    model = build_unet("reference-28", channels=(4, 4, 4))
+    model.load_state_dict(problem.model.state_dict())
+    lin_c = Linearization(model.cuda(), problem.net_input.cuda())
+    v = torch.randn(3, lin.num_params)
+    assert torch.allclose(lin_c.jvp(v.cuda()).cpu(), lin.jvp(v), atol=1e-4, rtol=1e-3)

@@ -1,0 +1,201 @@
+"""The ctuq napari widget in a real viewer (under Xvfb): layout and geometry
+fields, a tiny reconstruction end to end, Cancel, invalid settings, export,
+and ``ctuq gui``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ctuq.app._widget import grid_of
+from ctuq.data.geometry import Geometry
+from ctuq.data.io import read_result
+
+pytestmark = [
+    pytest.mark.gui,
+    pytest.mark.skipif(not os.environ.get("DISPLAY") or
+                       os.environ.get("QT_QPA_PLATFORM") == "offscreen",
+                       reason="napari needs an X display (run under xvfb-run)"),
+]
+
+
+def _notifications():
+    from napari.utils.notifications import notification_manager
+
+    return notification_manager.records
+
+
+@pytest.fixture
+def viewer_widget(make_napari_viewer, qtbot):
+    """A viewer with the digit sample (28², 20 angles) and the docked ctuq widget."""
+    viewer = make_napari_viewer()
+    _, widget = viewer.window.add_plugin_dock_widget("ctuq", "CT reconstruction")
+    viewer.open_sample("ctuq", "digit")
+    yield viewer, widget
+    if widget.is_running:  # never leave a worker behind
+        widget.cancel()
+        qtbot.waitUntil(lambda: not widget.is_running, timeout=30_000)
+
+
+def _tiny(widget, iterations=20):
+    widget.advanced_toggle.setChecked(True)
+    widget.iterations_spin.setValue(iterations)
+    widget.em_steps_spin.setValue(1)
+    widget.n_samples_spin.setValue(2)
+    widget.predictive_spin.setValue(4)
+
+
+def test_layout_and_geometry_fields(viewer_widget):
+    viewer, w = viewer_widget
+    assert [w.tabs.tabText(i) for i in range(w.tabs.count())] == [
+        "CT reconstruction", "Classification benchmark"]
+    assert "coming" in w.tabs.widget(1).widget().text()
+    # only the sinogram is offered (not its truth), and its geometry fills the fields
+    assert [w.layer_combo.itemText(i) for i in range(w.layer_combo.count())] == ["digit"]
+    layer_geometry = Geometry.from_dict(viewer.layers["digit"].metadata["geometry"])
+    assert (w.n_angles_spin.value(), w.n_detector_spin.value(),
+            w.image_size_spin.value()) == (20, 40, 28)
+    assert w.beam_combo.currentText() == "parallel"
+    assert w.geometry() == layer_geometry                   # the file's exact angles
+    # editable: the fields are what is used
+    w.pixel_size_spin.setValue(0.5)
+    w.detector_spacing_spin.setValue(0.5)
+    w.angle_first_spin.setValue(0.0)
+    w.angle_last_spin.setValue(171.0)
+    g = w.geometry()
+    assert g.pixel_size == 0.5 and g.detector_spacing == 0.5
+    np.testing.assert_allclose(g.angles_deg, np.arange(20) * 9.0)
+    sino = w.sinogram()
+    assert sino.ground_truth is not None and sino.meta["phantom"] == "digit"
+    # a plain image layer (no ctuq metadata) gets defaults from its shape
+    viewer.add_image(np.zeros((30, 50), np.float32), name="plain")
+    w.layer_combo.setCurrentText("plain")
+    assert (w.n_angles_spin.value(), w.n_detector_spin.value(),
+            w.image_size_spin.value()) == (30, 50, 50)
+    assert w.sinogram().ground_truth is None
+    # renaming keeps the selection
+    viewer.layers["plain"].name = "renamed"
+    assert w.layer_combo.currentText() == "renamed" and w.n_angles_spin.value() == 30
+    cfg = w.config()
+    assert cfg.preset == "auto" and cfg.dip == {} and cfg.uncertainty == {"predcp_scale": 1.0}
+    _tiny(w)
+    w.predcp_spin.setValue(0.0)
+    cfg = w.config()
+    assert cfg.dip == {"iterations": 20}
+    assert cfg.uncertainty == {"em_steps": 1, "n_samples": 2, "predictive_samples": 4,
+                               "predcp": False}
+
+
+def test_invalid_geometry_gives_error_and_no_run(viewer_widget):
+    viewer, w = viewer_widget
+    w.n_detector_spin.setValue(41)           # the data have 40 detector pixels
+    n_before = len(_notifications())
+    assert w.run() is None
+    errors = [n for n in _notifications()[n_before:] if n.severity == "error"]
+    assert errors and "40 detector pixels" in errors[0].message
+    assert w.run_button.isEnabled() and not w.is_running
+    assert len(viewer.layers) == 2
+
+
+def test_cancel_stops_quickly_and_viewer_stays_usable(viewer_widget, qtbot):
+    from qtpy.QtCore import Qt
+
+    viewer, w = viewer_widget
+    w.advanced_toggle.setChecked(True)
+    w.iterations_spin.setValue(200_000)      # would run for hours
+    n_layers = len(viewer.layers)
+    n_before = len(_notifications())
+    worker = w.run()
+    assert worker is not None and not w.run_button.isEnabled()
+    assert w.cancel_button.isEnabled()
+    qtbot.waitUntil(lambda: w.progress_bars["dip"].value() >= 50, timeout=60_000)
+    assert w.progress_bars["dip"].maximum() == 200_000
+    assert w.progress_bars["fbp"].value() == w.progress_bars["fbp"].maximum() == 1
+    # the GUI thread keeps serving events while the worker computes
+    t0 = time.perf_counter()
+    qtbot.wait(200)
+    assert time.perf_counter() - t0 < 2.0
+    t0 = time.perf_counter()
+    qtbot.mouseClick(w.cancel_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: not w.is_running, timeout=10_000)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 5.0, f"cancel took {elapsed:.1f} s"
+    qtbot.waitUntil(lambda: w.run_button.isEnabled(), timeout=5_000)
+    assert not w.cancel_button.isEnabled()
+    assert len(viewer.layers) == n_layers and w.last_result is None
+    infos = [n.message for n in _notifications()[n_before:]]
+    assert any("cancelled" in m for m in infos)
+    assert not any(n.severity == "error" for n in _notifications()[n_before:])
+    # the viewer is usable afterwards
+    viewer.add_image(np.ones((8, 8)), name="after")
+    shot = viewer.screenshot(canvas_only=False)
+    assert shot.ndim == 3 and shot.shape[-1] == 4
+
+
+def test_run_end_to_end(viewer_widget, qtbot, tmp_path):
+    viewer, w = viewer_widget
+    _tiny(w)
+    w.run()
+    qtbot.waitUntil(lambda: not w.is_running, timeout=300_000)
+    qtbot.waitUntil(lambda: w.run_button.isEnabled(), timeout=5_000)
+    assert w.last_result is not None, w.status_label.text()
+    names = [lay.name for lay in viewer.layers]
+    for name in ("digit FBP", "digit reconstruction", "digit std", "digit |error|"):
+        assert name in names
+        assert viewer.layers[name].data.shape == (28, 28)
+    assert names.count("digit truth") == 1               # not added twice
+    assert viewer.layers["digit std"].colormap.name == "viridis"
+    assert viewer.layers["digit |error|"].colormap.name == "magma"
+    assert np.all(viewer.layers["digit std"].data >= 0)
+    assert grid_of(viewer).enabled
+    for stage in ("fbp", "dip", "em", "predictive"):
+        bar = w.progress_bars[stage]
+        assert bar.value() == bar.maximum() > 0, stage
+    assert w.progress_bars["dip"].maximum() == 20
+    assert "PSNR" in w.metrics_label.text()
+    assert w.plot is not None and "ctuq: calibration and EM trace" in viewer.window.dock_widgets
+    cal, em = w.plot.figure.axes
+    assert len(cal.lines) == 2 and len(em.lines) >= 2     # calibration; EM variances + σ²
+    assert w.export_button.isEnabled()
+    out = w.export(tmp_path / "digit_ctuq.h5")
+    assert read_result(out) == w.last_result
+    # showing a result again (a second run) updates the layers instead of adding new ones
+    w.show_result(w.last_result, "digit")
+    assert [lay.name for lay in viewer.layers] == names
+
+
+def test_gui_opens_file_with_widget_docked(qtbot, tmp_path):
+    from ctuq.app._sample_data import simulated_sinogram
+    from ctuq.app.gui import open_gui
+    from ctuq.data.io import write_sinogram
+    from ctuq.errors import InputError
+
+    truth = np.zeros((12, 12), np.float32)
+    truth[4:8, 4:8] = 1.0
+    write_sinogram(tmp_path / "scan.nxs", simulated_sinogram(truth, 10, phantom="box"))
+    with pytest.raises(InputError):
+        open_gui(tmp_path / "missing.nxs", show=False)
+    viewer = open_gui(tmp_path / "scan.nxs", show=False)
+    try:
+        assert [lay.name for lay in viewer.layers] == ["scan", "scan truth"]
+        widget = viewer.window.dock_widgets["CT reconstruction (ctuq)"]
+        assert widget.layer_combo.currentText() == "scan"
+        assert widget.n_angles_spin.value() == 10
+    finally:
+        viewer.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the check is for X/Wayland")
+def test_gui_without_display_is_one_clear_error(monkeypatch):
+    from ctuq.app.gui import open_gui
+    from ctuq.errors import InputError
+
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    with pytest.raises(InputError, match="xvfb-run") as ei:
+        open_gui(None)
+    assert ei.value.field == "DISPLAY"
