@@ -241,7 +241,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 8, 32])
     ap.add_argument("--priors", nargs="+", default=["matern", "gprior"],
                     choices=["matern", "ard", "gprior"])
-    ap.add_argument("--partial", default=None, help="append each finished case (JSON line)")
+    ap.add_argument("--partial", default=None,
+                    help="append each finished case here (JSON lines); cases already in "
+                         "the file are read back instead of recomputed")
     ap.add_argument("--em-steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="also write the JSON here")
@@ -256,8 +258,18 @@ def main(argv=None) -> int:
     op = RayTransform(Geometry.parallel(28, 20))
     images = digits(n, 28, seed=0)
     t0 = time.perf_counter()
+    done = {}
+    if args.partial and os.path.exists(args.partial):  # resume after an interruption
+        with open(args.partial) as f:
+            for line in f:
+                c = json.loads(line)
+                done[c["index"]] = c
+        log.info("resuming: %d finished cases read from %s", len(done), args.partial)
     cases = []
     for i in range(n):
+        if i in done:
+            cases.append(done[i])
+            continue
         cases.append(run_case(i, images[i], op, args))
         if args.partial:
             with open(args.partial, "a") as f:

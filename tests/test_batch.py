@@ -101,10 +101,11 @@ def test_resume_after_sigkill(inputs, tmp_path):
     outdir = tmp_path / "out"
     cmd = [sys.executable, "-m", "ctuq.app.cli", "reconstruct", *map(str, paths),
            "--out", str(outdir), "--config", str(root / "tiny.toml")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.time() + 300
+    log = open(tmp_path / "first_run.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 1200  # generous: a loaded 2-core machine is slow
     while time.time() < deadline and not list(outdir.glob("*.ctuq.h5")):
+        assert proc.poll() is None, (tmp_path / "first_run.log").read_text()
         time.sleep(0.05)
     time.sleep(0.3)  # let it get into the next input
     os.killpg(proc.pid, signal.SIGKILL)

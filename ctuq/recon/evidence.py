@@ -364,7 +364,7 @@ def estep_statistics(lin: Linearization, op, prior: GaussianPrior, noise_var: fl
 
 def mackay_update(theta_quad: Tensor, gamma_hat: Tensor, dims: Tensor,
                   gamma_floor: float = 1e-3) -> Tensor:
-    """MacKay's fixed point ``a_b ← ‖θ*_b‖²_{C_b⁻¹} / γ̂_b`` (``γ̂_b`` clipped to ``[floor, d_b]``)."""
+    """MacKay's fixed point ``a_b ← ‖θ*_b‖²_{C_b⁻¹} / γ̂_b``, ``γ̂_b`` clipped to ``[floor, d_b]``."""
     g = torch.minimum(gamma_hat.clamp_min(gamma_floor), dims)
     return (theta_quad / g).clamp(_VAR_MIN, _VAR_MAX)
 
