@@ -122,7 +122,14 @@ def test_resume_after_sigkill(inputs, tmp_path):
 @pytest.mark.slow
 def test_dask_local_cluster_matches_serial(inputs, tmp_path):
     root, paths = inputs
-    serial = run_batch(paths[:2], tmp_path / "serial", TINY_DICT)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in each single-threaded worker: same arithmetic
+    try:
+        serial = run_batch(paths[:2], tmp_path / "serial", TINY_DICT)
+    finally:
+        torch.set_num_threads(threads)
     events = []
     dask = run_batch(paths[:2], tmp_path / "dask", TINY_DICT, workers=2,
                      on_progress=lambda *e: events.append(e))
