@@ -211,6 +211,10 @@ class Linearization:
 
     Notes
     -----
+    The linearisation point is frozen at construction (the parameters and
+    buffers are copied; the VJP's forward pass is cached): later changes to
+    the model's weights do not reach it.
+
     Cost: ``jvp`` of ``k`` vectors ≈ 2–3 forward passes of a batch of ``k``;
     ``vjp`` ≈ the same (the primal forward pass is cached).
     """
@@ -243,8 +247,9 @@ class Linearization:
         self._sizes = [math.prod(s) for s in shapes]
         self.theta_hat = torch.cat([params[n].detach().reshape(-1) for n in names])
         self.device, self.dtype = self.theta_hat.device, self.theta_hat.dtype
-        self._fixed = {n: p.detach() for n, p in params.items() if n not in set(names)}
-        self._fixed.update({n: b.detach() for n, b in model.named_buffers()})
+        chosen = set(names)
+        self._fixed = {n: p.detach().clone() for n, p in params.items() if n not in chosen}
+        self._fixed.update({n: b.detach().clone() for n, b in model.named_buffers()})
 
         with torch.no_grad():
             out = self._f_raw(self.theta_hat)
