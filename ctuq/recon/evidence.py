@@ -577,19 +577,22 @@ def _as_sinogram(y, op, device) -> Tensor:
 
 
 def _adam_mstep(prior: GaussianPrior, theta_star: Tensor, z: Tensor, params: list[Tensor],
-                predcp: TVPredCP | None, steps: int, lr: float) -> dict:
+                predcp: TVPredCP | None, steps: int, lr: float,
+                cancel: Callable[[], bool] | None = None) -> dict:
     """A few Adam steps on ``Q(ψ) + log p_PredCP(ψ)`` over ``params`` (in place).
 
     The PredCP network products (``∇TV`` at the draws) are computed once, at
     the M-step's starting point (:meth:`TVPredCP.prepare`).
     """
     state = predcp.prepare() if predcp is not None else None
+    check_cancel(cancel, "hyperparameter fit")
     for p in prior.parameters():
         p.requires_grad_(any(p is q for q in params))
     opt = torch.optim.Adam(params, lr=lr)
     terms = None
     try:
         for _ in range(steps):
+            check_cancel(cancel, "hyperparameter fit")
             opt.zero_grad(set_to_none=True)
             with torch.enable_grad():
                 obj = expected_log_prior(prior, theta_star, z)
@@ -752,7 +755,8 @@ def fit_posterior(lin: Linearization, op, y, noise_var: float,
             prior.clear_cache()
             if adam_params and cfg.predcp_steps > 0:
                 extra = _adam_mstep(prior, sample.theta_star.detach(), sample.z.detach(),
-                                    adam_params, predcp, cfg.predcp_steps, cfg.predcp_lr)
+                                    adam_params, predcp, cfg.predcp_steps, cfg.predcp_lr,
+                                    cancel)
                 entry.update(extra)
             if cfg.learn_noise:
                 sigma2 = noise_update(stats, d_y, cfg.update)

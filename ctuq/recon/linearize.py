@@ -256,6 +256,7 @@ class Linearization:
         self.out_shape = tuple(out.shape)
         self.x_hat = out.reshape(self.image_shape)
         self._vjp_fn: Callable | None = None
+        self._act_numel: int | None = None
         log.info("linearisation: %d parameters in %d blocks (%s), output %s",
                  self.num_params, len(blocks), param_filter if isinstance(param_filter, str)
                  else "custom filter", self.image_shape)
@@ -382,7 +383,28 @@ class Linearization:
         return self.vjp(op.A_adjoint(u))
 
     # ------------------------------------------------------------------ dense
-    def dense(self, dtype: torch.dtype = torch.float32, chunk_size: int = 256) -> Tensor:
+    def activation_numel(self) -> int:
+        """Elements of all intermediate activations of one forward pass (memory estimates)."""
+        if getattr(self, "_act_numel", None) is None:
+            total = [0]
+
+            def hook(_mod, _inp, out):
+                if torch.is_tensor(out):
+                    total[0] += out.numel()
+
+            handles = [m.register_forward_hook(hook) for m in self.model.modules()
+                       if not list(m.children())]
+            try:
+                with torch.no_grad():
+                    self._f_raw(self.theta_hat)
+            finally:
+                for h in handles:
+                    h.remove()
+            self._act_numel = int(total[0])
+        return self._act_numel
+
+    def dense(self, dtype: torch.dtype = torch.float32, chunk_size: int | None = None,
+              max_chunk_bytes: int = 2**30) -> Tensor:
         """The dense Jacobian, row by row via batched VJPs (small problems only).
 
         Parameters
@@ -390,8 +412,12 @@ class Linearization:
         dtype : torch.dtype, optional
             ``torch.float64`` recomputes the network in double precision (the
             exact oracle). Default float32.
-        chunk_size : int, optional
-            Rows per batched VJP. Default 256.
+        chunk_size : int or None, optional
+            Rows per batched VJP. Default: as many as keep the backward
+            activations (≈ 3 × :meth:`activation_numel` per row) under
+            ``max_chunk_bytes``, at most 256.
+        max_chunk_bytes : int, optional
+            Default 1 GiB.
 
         Returns
         -------
@@ -399,8 +425,12 @@ class Linearization:
             ``J[i, j] = ∂ f_i / ∂ θ_j`` with ``i`` the C-order pixel index.
         """
         n_out, d = self.num_outputs, self.num_params
-        log.info("dense Jacobian %d x %d (%s, %.1f MB)", n_out, d, dtype,
-                 n_out * d * torch.finfo(dtype).bits / 8 / 1e6)
+        itemsize = torch.finfo(dtype).bits // 8
+        if chunk_size is None:
+            per_row = 3 * self.activation_numel() * itemsize
+            chunk_size = int(max(1, min(256, max_chunk_bytes // max(per_row, 1))))
+        log.info("dense Jacobian %d x %d (%s, %.1f MB), %d rows per VJP batch", n_out, d,
+                 dtype, n_out * d * itemsize / 1e6, chunk_size)
         if dtype == self.dtype:
             fn = self._get_vjp_fn()
         else:

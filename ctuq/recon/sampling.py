@@ -266,11 +266,13 @@ class PosteriorSample:
         The prior draws ``θ⁰`` behind the samples.
     info : dict
         ``method``, ``iterations``, ``converged`` (bool), ``residuals``
-        (CG: final relative residual ``‖r_j‖/‖b_j‖`` per right-hand side,
-        ``[k+1]``, row 0 is ``θ*``; STO: final relative full-batch gradient
-        norm per right-hand side), ``residual_history`` (max over right-hand
-        sides per check), ``time`` (s), ``time_setup`` (s), and sampler
-        specific entries (``precond_rank``, ``precond_time``, ``lr``,
+        (final relative residual per right-hand side, ``[k+1]``, row 0 is
+        ``θ*``; CG: ``‖r_j‖/‖b_j‖`` in the chosen norm, STO: the
+        full-batch gradient in the ``M⁻¹`` norm relative to the right-hand
+        side), ``residual_history`` (max over right-hand sides per check;
+        STO: at the start and every 5 full-batch steps), ``time`` (s),
+        ``time_setup`` (s), and sampler specific entries
+        (``precond_rank``, ``precond_time``, ``restarts``, ``lr``,
         ``momentum``, …).
     state : SamplerState
         Pass the whole result as ``warm_start`` to the next call.
@@ -399,7 +401,8 @@ class NystromPreconditioner:
               oversample: int = 10, power_iters: int = 1,
               generator: torch.Generator | None = None,
               device=None, dtype=torch.float32, chunk: int | None = None,
-              hyper: Tensor | None = None) -> "NystromPreconditioner":
+              hyper: Tensor | None = None,
+              cancel: Callable[[], bool] | None = None) -> "NystromPreconditioner":
         """Sketch ``P`` with ``rank + oversample`` Gaussian directions and keep ``rank`` pairs.
 
         Parameters
@@ -421,7 +424,18 @@ class NystromPreconditioner:
         device, dtype
             Of the products; the small factorisations run in float64.
         chunk : int, optional
-            Columns per call of ``apply_P`` (memory bound). Default all.
+            Columns per call of ``apply_P`` (memory bound). Default all, or
+            32 when ``cancel`` is given.
+        hyper : Tensor, optional
+            Stored with the result, for reuse decisions.
+        cancel : callable, optional
+            Polled between chunks: the sketch is the longest step without
+            a CG iteration in it (≈ 2 · (rank + oversample) products).
+
+        Raises
+        ------
+        Cancelled
+            When ``cancel()`` returned True.
         """
         t0 = time.perf_counter()
         rank = max(1, min(int(rank), d_y))
@@ -429,11 +443,14 @@ class NystromPreconditioner:
         omega = torch.randn(d_y, s, generator=generator, dtype=torch.float64)
         omega = torch.linalg.qr(omega).Q  # [d_y, s], orthonormal columns
         om = omega.t().contiguous().to(device=device, dtype=dtype)  # rows = directions
-        step = s if chunk is None else max(1, int(chunk))
+        step = max(1, int(chunk)) if chunk is not None else (s if cancel is None else 32)
 
         def sketch(rows: Tensor) -> Tensor:
-            out = torch.cat([apply_P(rows[i:i + step]) for i in range(0, s, step)])
-            return out.detach().to(torch.float64).t()  # [d_y, s]
+            parts = []
+            for i in range(0, s, step):
+                check_cancel(cancel, "preconditioner")
+                parts.append(apply_P(rows[i:i + step]))
+            return torch.cat(parts).detach().to(torch.float64).t()  # [d_y, s]
 
         for _ in range(max(0, int(power_iters))):  # subspace iteration sharpens the sketch
             omega = torch.linalg.qr(sketch(om)).Q
@@ -773,7 +790,7 @@ def _sample_cg(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: CGOptio
             pc = NystromPreconditioner.build(
                 kern.P, kern.d_y, options.precond_rank, oversample=options.precond_oversample,
                 power_iters=options.precond_power_iters, generator=gen, device=lin.device,
-                chunk=lin.chunk_size, hyper=hyper)
+                chunk=lin.chunk_size, hyper=hyper, cancel=cancel)
             log.debug("Nyström preconditioner rank %d in %.2f s, λ = %.3g … %.3g",
                       pc.rank, pc.build_time, float(pc.eigvals[0]), float(pc.eigvals[-1]))
             return pc
@@ -887,7 +904,7 @@ def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOpt
                 return NystromPreconditioner.build(
                     gram, d, options.precond_rank, oversample=options.precond_oversample,
                     power_iters=options.precond_power_iters, generator=gen, device=device,
-                    chunk=lin.chunk_size, hyper=hyper)
+                    chunk=lin.chunk_size, hyper=hyper, cancel=cancel)
             precond = _pick_preconditioner(warm, prior, True, options.reuse_tol, build)
 
         def apply_M(g: Tensor) -> Tensor:
@@ -922,6 +939,7 @@ def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOpt
                 W[0] = whiten(theta_star0.reshape(1, d))[0]
             if z0 is not None:
                 W[1:] = whiten(z0.reshape(k, d))
+
         def m_norm(g: Tensor) -> Tensor:
             # ‖g‖_{M⁻¹} ≈ energy norm of the error (Euclidean without a preconditioner)
             return (g * apply_M(g)).sum(1).clamp_min(0).sqrt() if precond is not None \
@@ -944,7 +962,8 @@ def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOpt
         # full-batch gradients are exact: stop once every row is well inside tol
         early_stop = options.tol is not None and (batch is None or batch == n_angles)
         stopped_at = n_iter
-        if early_stop and float((m_norm(g_init) / rhs_mnorm).max()) <= 0.5 * options.tol:
+        history = [float((m_norm(g_init) / rhs_mnorm).max())] if k + 1 else []
+        if early_stop and history[0] <= 0.5 * options.tol:
             stopped_at = n_iter = 0  # a warm start that is already converged
         t1 = time.perf_counter()
         for it in range(n_iter):
@@ -959,9 +978,10 @@ def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOpt
                 g = data_grad(look, idx, n_angles / batch)
             g.add_(look).sub_(anchor)
             if early_stop and (it + 1) % 5 == 0:
-                rel_now = m_norm(g) / rhs_mnorm
-                log.debug("STO step %d: max relative residual %.2e", it + 1, float(rel_now.max()))
-                if float(rel_now.max()) <= 0.5 * options.tol:
+                rmax = float((m_norm(g) / rhs_mnorm).max())
+                history.append(rmax)
+                log.debug("STO step %d: max relative residual %.2e", it + 1, rmax)
+                if rmax <= 0.5 * options.tol:
                     stopped_at = it + 1
                     break
             if clip is not None:
@@ -981,7 +1001,7 @@ def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOpt
     emit_progress(progress, stage, n_iter, n_iter, "STO done")
     info = {"method": "sto", "iterations": stopped_at, "residuals": rel,
             "converged": bool(options.tol is None or (rel <= options.tol).all()),
-            "residual_history": [], "time_setup": t_setup, "time_solve": t_solve,
+            "residual_history": history, "time_setup": t_setup, "time_solve": t_solve,
             "time_per_iteration": t_solve / max(1, stopped_at), "lr": lr0, "momentum": beta,
             "curvature_max": L_max, "noise_var": noise_var, "batch_angles": batch,
             "precond_rank": precond.rank if precond is not None else 0,
