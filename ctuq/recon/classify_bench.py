@@ -1,0 +1,467 @@
+"""The classification benchmark: methods × metrics on one data set (METHOD.md §9).
+
+:func:`run_benchmark` trains one MAP classifier per seed and evaluates each
+requested method on the test set, the OOD set and the rotated test sets:
+
+=======================  ==========================================================
+``map``                  the trained network's softmax
+``lla-sampled``          linearised Laplace, prior by MacKay/EM with STO samples
+                         (:func:`ctuq.recon.classify.fit_prior`), predictive by
+                         Monte Carlo over ``predictive_samples`` linearised-logit samples
+``lla-sampled-probit``   the same samples, probit predictive (sample variances)
+``lla-exact``            dense float64 full-GGN Laplace, prior by L-BFGS on the exact
+                         Laplace evidence, MC predictive over the exact Gaussian
+                         (1000 draws per input)
+``lla-exact-probit``     the same, probit predictive (exact variances)
+``mc-dropout``           a second network with dropout, ``mc_dropout_samples`` passes
+``laplace-torch``        laplace-torch's full-GGN Laplace (only if it imports)
+=======================  ==========================================================
+
+Metrics (:mod:`ctuq.recon.classify_metrics`): accuracy, NLL, ECE
+(``ece_bins`` equal-width bins, default 15), Brier, OOD AUROC from max-softmax
+confidence, accuracy and NLL per rotation angle. Wall times: ``seconds`` per
+method excludes the shared MAP training (reported as ``train_seconds``);
+both LLA variants share one EM fit and one set of samples (their ``seconds``
+is that fit plus their own predictive).
+
+:func:`aggregate` turns several seeds into mean ± std.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import torch
+
+from ctuq.data.classification import DEFAULT_ANGLES, ClassificationData, load_classification
+from ctuq.errors import InputError
+from ctuq.models.classifiers import build_classifier
+from ctuq.recon import classify as C
+from ctuq.recon import classify_metrics as M
+from ctuq.recon.progress import check_cancel, emit_progress
+
+__all__ = ["BenchConfig", "MethodResult", "BenchResult", "run_benchmark", "aggregate",
+           "METHODS", "DEFAULT_METHODS", "parse_methods", "run_seeds", "pooled_reliability",
+           "rotation_rows", "benchmark_document"]
+
+log = logging.getLogger(__name__)
+
+METHODS = ("map", "lla-sampled", "lla-sampled-probit", "lla-exact", "lla-exact-probit",
+           "mc-dropout", "laplace-torch")
+DEFAULT_METHODS = ("map", "lla-sampled", "lla-exact", "mc-dropout")
+
+
+def parse_methods(methods) -> tuple[str, ...]:
+    """``'map,lla-sampled'`` or a sequence → validated tuple (``'all'``: every method)."""
+    if isinstance(methods, str):
+        methods = [m.strip() for m in methods.split(",") if m.strip()]
+    methods = tuple(methods)
+    if methods == ("all",):
+        return METHODS
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise InputError(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}",
+                         field="methods")
+    return methods
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Settings of :func:`run_benchmark` (defaults: the README's digits benchmark).
+
+    Parameters
+    ----------
+    model : {'mlp', 'cnn'}
+        Default ``'mlp'``.
+    hidden : tuple of int
+        MLP widths. Default ``(32,)`` (2,410 parameters on digits).
+    channels : tuple of int
+        CNN channels. Default ``(8, 16)``.
+    epochs, lr, batch_size : int, float, int
+        MAP training (Adam, cosine decay). Defaults 150, 3e-3, 64.
+    train_prior_precision : float
+        Prior precision (weight decay × N) used for MAP training. Default 1.
+    prior : {'ard', 'gprior'}
+        Prior of the Laplace methods: layer-wise ARD or the g-prior. Default ``'ard'``.
+    em_steps, em_samples : int
+        EM steps and samples per E-step. Defaults 10 and 8 (reference).
+    em_update : {'mackay', 'em'}
+        Default ``'mackay'``.
+    sto : STOOptions
+        Sampler settings. Default :class:`ctuq.recon.classify.STOOptions` ().
+    predictive_samples : int
+        Posterior samples for the sampled predictive. Default 64.
+    exact_mc_samples : int
+        Draws per input of the exact LLA's MC predictive. Default 1000.
+    max_exact_params : int
+        ``lla-exact`` is skipped above this ``d_θ``. Default 6000.
+    dropout, mc_dropout_samples : float, int
+        MC-dropout baseline. Defaults 0.1 and 100.
+    ece_bins : int
+        Default 15.
+    angles : tuple of float
+        Rotation angles in degrees. Default 0, 30, …, 180.
+    """
+
+    model: str = "mlp"
+    hidden: tuple = (32,)
+    channels: tuple = (8, 16)
+    epochs: int = 150
+    lr: float = 3e-3
+    batch_size: int = 64
+    train_prior_precision: float = 1.0
+    prior: str = "ard"
+    em_steps: int = 10
+    em_samples: int = 8
+    em_update: str = "mackay"
+    sto: C.STOOptions = field(default_factory=C.STOOptions)
+    predictive_samples: int = 64
+    exact_mc_samples: int = 1000
+    max_exact_params: int = 6000
+    dropout: float = 0.1
+    mc_dropout_samples: int = 100
+    ece_bins: int = 15
+    angles: tuple = tuple(float(a) for a in DEFAULT_ANGLES)
+
+    def __post_init__(self):
+        if self.prior not in C.PRIORS:
+            raise InputError(f"must be one of {', '.join(C.PRIORS)}, got {self.prior!r}",
+                             field="prior")
+        if self.em_update not in ("mackay", "em"):
+            raise InputError(f"must be 'mackay' or 'em', got {self.em_update!r}",
+                             field="em_update")
+        for name in ("em_samples", "predictive_samples", "epochs", "ece_bins",
+                     "mc_dropout_samples", "exact_mc_samples"):
+            if int(getattr(self, name)) < 1:
+                raise InputError(f"must be >= 1, got {getattr(self, name)!r}", field=name)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sto"] = asdict(self.sto)
+        return d
+
+    def with_(self, **changes) -> "BenchConfig":
+        return replace(self, **changes)
+
+
+@dataclass
+class MethodResult:
+    """One method on one seed.
+
+    Attributes
+    ----------
+    metrics : dict
+        ``accuracy``, ``nll``, ``ece``, ``brier``, ``ood_auroc``,
+        ``rotation_nll`` (mean NLL over the angles > 0), ``rotation_accuracy``.
+    rotation : list of dict
+        ``angle``, ``accuracy``, ``nll`` per angle.
+    reliability : dict
+        :func:`ctuq.recon.classify_metrics.reliability` on the test set.
+    seconds : float
+    extra : dict
+        Method specifics (prior variances, EM trace, …).
+    test_probs : ndarray, shape (N, C)
+        Test-set predictive probabilities (not serialised).
+    """
+
+    metrics: dict
+    rotation: list
+    reliability: dict
+    seconds: float
+    extra: dict = field(default_factory=dict)
+    test_probs: np.ndarray | None = None
+
+    def to_dict(self) -> dict:
+        return {"metrics": self.metrics, "rotation": self.rotation,
+                "reliability": self.reliability, "seconds": self.seconds, "extra": self.extra}
+
+
+@dataclass
+class BenchResult:
+    """All methods on one seed.
+
+    Attributes
+    ----------
+    dataset : dict
+        :meth:`ClassificationData.summary`.
+    config : dict
+    seed : int
+    methods : dict of str to MethodResult
+    skipped : dict of str to str
+        Methods not run, with the reason.
+    train_seconds : float
+    num_params : int
+    data : ClassificationData
+        The data (not serialised).
+    """
+
+    dataset: dict
+    config: dict
+    seed: int
+    methods: dict
+    skipped: dict
+    train_seconds: float
+    num_params: int
+    data: ClassificationData | None = None
+
+    def to_dict(self) -> dict:
+        return {"dataset": self.dataset, "config": self.config, "seed": self.seed,
+                "num_params": self.num_params, "train_seconds": self.train_seconds,
+                "skipped": self.skipped,
+                "methods": {k: v.to_dict() for k, v in self.methods.items()}}
+
+
+def _evaluate(predict, data: ClassificationData, cfg: BenchConfig) -> MethodResult:
+    """Run ``predict(x) -> probs`` on the test, OOD and rotated sets and score it."""
+    p_test = predict(data.x_test)
+    metrics = M.classification_metrics(p_test, data.y_test, cfg.ece_bins)
+    metrics["ood_auroc"] = M.ood_auroc(p_test, predict(data.x_ood))
+    rotation = []
+    for ang in cfg.angles:
+        p = p_test if float(ang) % 360 == 0 else predict(data.rotated(ang))
+        rotation.append({"angle": float(ang), "accuracy": M.accuracy(p, data.y_test),
+                         "nll": M.nll(p, data.y_test)})
+    shifted = [r for r in rotation if r["angle"] % 360 != 0]
+    metrics["rotation_nll"] = float(np.mean([r["nll"] for r in shifted])) if shifted else \
+        float("nan")
+    metrics["rotation_accuracy"] = float(np.mean([r["accuracy"] for r in shifted])) \
+        if shifted else float("nan")
+    return MethodResult(metrics, rotation, M.reliability(p_test, data.y_test, cfg.ece_bins),
+                        0.0, test_probs=np.asarray(p_test.detach().cpu().double()))
+
+
+def _cached(fn):
+    """Memoise ``fn(x)`` by tensor identity (the same eval sets are asked for twice)."""
+    store: dict = {}
+
+    def wrapped(x):
+        key = id(x)
+        if key not in store:
+            store[key] = (x, fn(x))
+        return store[key][1]
+    return wrapped
+
+
+def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_METHODS,
+                  config: BenchConfig | None = None, *, seed: int = 0, data_dir=None,
+                  progress=None, cancel=None) -> BenchResult:
+    """Run the benchmark on one seed.
+
+    Parameters
+    ----------
+    data : ClassificationData or str, optional
+        A loaded data set, or its name (loaded with ``seed`` and ``data_dir``).
+        Default ``'digits'``.
+    methods : str or sequence of str, optional
+        Any of :data:`METHODS`. Default ``map, lla-sampled, lla-exact, mc-dropout``.
+    config : BenchConfig, optional
+    seed : int, optional
+        Seeds the split (when loading), the network initialisation, the
+        mini-batches and every sample. Default 0.
+    data_dir : str or Path, optional
+    progress, cancel : callable, optional
+        Stages ``'train'``, ``'em'``, ``'sampling'``, ``'exact'``, ``'evaluate'``.
+
+    Returns
+    -------
+    BenchResult
+    """
+    cfg = config or BenchConfig()
+    methods = parse_methods(methods)
+    if isinstance(data, str):
+        data = load_classification(data, data_dir, seed=seed)
+    gen = torch.Generator().manual_seed(int(seed) + 1)
+    kw = {"hidden": tuple(cfg.hidden), "channels": tuple(cfg.channels)}
+    net = build_classifier(cfg.model, data.image_shape, data.num_classes, seed=seed, **kw)
+    tr = C.train_map(net, data.x_train, data.y_train, epochs=cfg.epochs, lr=cfg.lr,
+                     batch_size=cfg.batch_size, prior_precision=cfg.train_prior_precision,
+                     seed=seed, progress=progress, cancel=cancel)
+    clin = C.ClassifierLinearization(net, data.x_train)
+    out: dict[str, MethodResult] = {}
+    skipped: dict[str, str] = {}
+    done = [0]
+
+    def step(name):
+        done[0] += 1
+        emit_progress(progress, "evaluate", done[0], len(methods), name)
+
+    def timed(name, fn, setup_seconds=0.0, extra=None):
+        check_cancel(cancel, "benchmark")
+        t0 = time.perf_counter()
+        res = _evaluate(_cached(fn), data, cfg)
+        res.seconds = setup_seconds + time.perf_counter() - t0
+        res.extra = extra or {}
+        out[name] = res
+        step(name)
+
+    if "map" in methods:
+        timed("map", lambda x: clin.probs(x).double())
+
+    sampled = [m for m in methods if m.startswith("lla-sampled")]
+    if sampled:
+        t0 = time.perf_counter()
+        probs_train = clin.probs(data.x_train)
+        prior = C.build_prior(clin, data.x_train, cfg.prior, probs=probs_train,
+                              generator=gen) if cfg.prior == "gprior" else \
+            C.build_prior(clin, data.x_train, cfg.prior)
+        em = C.fit_prior(clin, data.x_train, prior, em_steps=cfg.em_steps, k=cfg.em_samples,
+                         update=cfg.em_update, probs=probs_train, options=cfg.sto,
+                         generator=gen, progress=progress, cancel=cancel)
+        sample = C.sample_sto(clin, data.x_train, prior, cfg.predictive_samples,
+                              probs=probs_train, options=cfg.sto, generator=gen,
+                              progress=progress, cancel=cancel)
+        setup = time.perf_counter() - t0
+        extra = {"variances": em.variances(), "blocks": list(prior.block_names),
+                 "em_trace": em.trace, "em_seconds": em.seconds,
+                 "sto_iterations": sample.info["iterations"],
+                 "sto_max_residual": float(sample.info["residuals"].max())}
+        fs = _cached(lambda x: C.function_samples(clin, sample.z, x))
+        if "lla-sampled" in methods:
+            timed("lla-sampled", lambda x: C.mc_predictive(fs(x)), setup, extra)
+        if "lla-sampled-probit" in methods:
+            def probit(x):
+                f = clin.logits(x)
+                return C.probit_predictive(f, C.sample_function_variance(fs(x) - f))
+            timed("lla-sampled-probit", probit, setup, extra)
+
+    exact = [m for m in methods if m.startswith("lla-exact")]
+    if exact and clin.num_params > cfg.max_exact_params:
+        for m in exact:
+            skipped[m] = (f"{clin.num_params} parameters > max_exact_params "
+                          f"{cfg.max_exact_params}")
+        exact = []
+    if exact:
+        t0 = time.perf_counter()
+        lla = C.ExactLLA(clin, data.x_train, data.y_train, progress=progress, cancel=cancel)
+        prior_x = C.build_prior(clin, data.x_train, cfg.prior, generator=gen) \
+            if cfg.prior == "gprior" else C.build_prior(clin, data.x_train, cfg.prior)
+        opt = lla.optimize_prior(prior_x)
+        setup = time.perf_counter() - t0
+        extra = {"variances": opt["variances"], "gamma": opt["gamma"],
+                 "log_evidence": opt["log_evidence"], "ggn_seconds": lla.seconds_ggn,
+                 "evidence_seconds": opt["seconds"]}
+        fc = _cached(lambda x: lla.function_covariance(prior_x, x))
+        if "lla-exact" in methods:
+            timed("lla-exact", lambda x: C.gaussian_mc_predictive(
+                *fc(x), cfg.exact_mc_samples, gen), setup, extra)
+        if "lla-exact-probit" in methods:
+            timed("lla-exact-probit", lambda x: C.probit_predictive(
+                fc(x)[0], fc(x)[1].diagonal(dim1=-2, dim2=-1)), setup, extra)
+
+    if "mc-dropout" in methods:
+        t0 = time.perf_counter()
+        dnet = build_classifier(cfg.model, data.image_shape, data.num_classes, seed=seed,
+                                dropout=cfg.dropout, **kw)
+        C.train_map(dnet, data.x_train, data.y_train, epochs=cfg.epochs, lr=cfg.lr,
+                    batch_size=cfg.batch_size, prior_precision=cfg.train_prior_precision,
+                    seed=seed, cancel=cancel)
+        timed("mc-dropout", lambda x: C.mc_dropout_predict(dnet, x, cfg.mc_dropout_samples,
+                                                           seed),
+              time.perf_counter() - t0, {"dropout": cfg.dropout,
+                                         "samples": cfg.mc_dropout_samples,
+                                         "note": "includes training its own network"})
+
+    if "laplace-torch" in methods:
+        if not C.laplace_torch_available():
+            skipped["laplace-torch"] = "laplace-torch does not import here (optional)"
+        else:  # pragma: no cover - optional dependency
+            t0 = time.perf_counter()
+            sets = [data.x_test, data.x_ood] + [data.rotated(a) for a in cfg.angles]
+            probs = C.laplace_torch_predict(net, data.x_train, data.y_train, sets)
+            table = {id(s): p for s, p in zip(sets, probs)}
+            timed("laplace-torch", lambda x: table.get(id(x)) if id(x) in table else
+                  C.laplace_torch_predict(net, data.x_train, data.y_train, [x])[0],
+                  time.perf_counter() - t0)
+    for m, why in skipped.items():
+        log.warning("skipped %s: %s", m, why)
+    return BenchResult(data.summary(), cfg.to_dict(), int(seed), out, skipped,
+                       tr["seconds"], clin.num_params, data)
+
+
+def aggregate(results: list) -> dict:
+    """Mean and standard deviation over seeds of every metric and wall time.
+
+    Parameters
+    ----------
+    results : list of BenchResult
+
+    Returns
+    -------
+    dict
+        ``method → {metric → {"mean", "std", "values"}}`` (``std`` with
+        ``ddof=1``; 0 for one seed), including ``seconds`` and per-angle
+        ``rotation_nll_<angle>`` / ``rotation_accuracy_<angle>``.
+    """
+    table: dict = {}
+    for res in results:
+        for name, mr in res.methods.items():
+            vals = dict(mr.metrics)
+            vals["seconds"] = mr.seconds
+            for r in mr.rotation:
+                vals[f"rotation_nll_{r['angle']:g}"] = r["nll"]
+                vals[f"rotation_accuracy_{r['angle']:g}"] = r["accuracy"]
+            for k, v in vals.items():
+                table.setdefault(name, {}).setdefault(k, []).append(float(v))
+    return {name: {k: {"mean": float(np.mean(v)),
+                       "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
+                       "values": v} for k, v in cols.items()}
+            for name, cols in table.items()}
+
+
+def run_seeds(dataset: str = "digits", methods=DEFAULT_METHODS,
+              config: BenchConfig | None = None, seeds=(0,), *, data_dir=None, ood_dir=None,
+              n_train: int | None = None, n_test: int | None = None, progress=None,
+              cancel=None) -> list:
+    """:func:`run_benchmark` for each seed (the data split follows the seed), a list of results."""
+    out = []
+    for s in seeds:
+        data = load_classification(dataset, data_dir, seed=int(s), ood_dir=ood_dir,
+                                   n_train=n_train, n_test=n_test)
+        out.append(run_benchmark(data, methods, config, seed=int(s), progress=progress,
+                                 cancel=cancel))
+    return out
+
+
+def pooled_reliability(results: list, n_bins: int | None = None) -> dict:
+    """Method → reliability diagram of the test predictions of all seeds pooled."""
+    pooled: dict = {}
+    for res in results:
+        y = res.data.y_test.numpy() if res.data is not None else None
+        for name, mr in res.methods.items():
+            if mr.test_probs is None or y is None:
+                continue
+            p, l = pooled.setdefault(name, ([], []))
+            p.append(mr.test_probs)
+            l.append(y)
+    bins = n_bins or (results[0].config.get("ece_bins", M.DEFAULT_ECE_BINS) if results else 15)
+    return {name: M.reliability(np.concatenate(p), np.concatenate(l), bins)
+            for name, (p, l) in pooled.items()}
+
+
+def rotation_rows(agg: dict) -> dict:
+    """Method → ``[{"angle", "accuracy", "nll", "accuracy_std", "nll_std"}]`` from :func:`aggregate`."""
+    out = {}
+    for name, cols in agg.items():
+        angles = sorted(float(k[len("rotation_nll_"):]) for k in cols
+                        if k.startswith("rotation_nll_"))
+        out[name] = [{"angle": a,
+                      "accuracy": cols[f"rotation_accuracy_{a:g}"]["mean"],
+                      "accuracy_std": cols[f"rotation_accuracy_{a:g}"]["std"],
+                      "nll": cols[f"rotation_nll_{a:g}"]["mean"],
+                      "nll_std": cols[f"rotation_nll_{a:g}"]["std"]} for a in angles]
+    return out
+
+
+def benchmark_document(results: list) -> dict:
+    """One JSON-serialisable document: aggregate over seeds, per-seed results, environment."""
+    import platform
+
+    return {"aggregate": aggregate(results),
+            "seeds": [r.seed for r in results],
+            "runs": [r.to_dict() for r in results],
+            "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(),
+                            "machine": platform.machine(), "python": platform.python_version(),
+                            "processor": platform.processor() or platform.machine()}}

@@ -1,0 +1,394 @@
+"""Classification-benchmark mode: data, classifiers, linearised Laplace with STO samples and
+MacKay/EM, exact dense oracle, metrics, the benchmark runner and the CLI command."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from ctuq.data.classification import (load_classification, load_mnist_like, permuted_images,
+                                      read_idx, rotate_images)
+from ctuq.errors import InputError
+from ctuq.models.classifiers import build_classifier
+from ctuq.recon import classify as C
+from ctuq.recon import classify_metrics as M
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+
+def _toy_data(n=120, seed=0, classes=3):
+    """Three noisy 4×4 class templates: a tiny, not linearly trivial problem."""
+    g = torch.Generator().manual_seed(seed)
+    means = torch.rand(classes, 1, 4, 4, generator=g)
+    y = torch.arange(n) % classes
+    x = means[y] + 0.35 * torch.randn(n, 1, 4, 4, generator=g)
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A trained tiny MLP (123 parameters), its linearisation and the exact dense LLA."""
+    torch.set_num_threads(1)
+    x, y = _toy_data()
+    net = build_classifier("mlp", (1, 4, 4), 3, hidden=(6,), seed=0)
+    C.train_map(net, x, y, epochs=60, lr=1e-2, batch_size=32, prior_precision=1.0)
+    clin = C.ClassifierLinearization(net, x)
+    exact = C.ExactLLA(clin, x, y)
+    return x, y, net, clin, exact
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+P3 = np.array([[0.7, 0.3], [0.4, 0.6], [0.5, 0.5]])
+Y3 = np.array([0, 0, 1])
+
+
+def test_metrics_hand_computed():
+    # argmax: 0, 1, 0 (a tie goes to the first class) -> only the first is right
+    assert M.accuracy(P3, Y3) == pytest.approx(1 / 3)
+    assert M.nll(P3, Y3) == pytest.approx(-(math.log(0.7) + math.log(0.4) + math.log(0.5)) / 3)
+    # Brier: (0.09 + 0.09) + (0.36 + 0.36) + (0.25 + 0.25), mean over 3
+    assert M.brier(P3, Y3) == pytest.approx(1.4 / 3)
+    # ECE, 2 bins (0, .5], (.5, 1]: bin 0 = {0.5: wrong} gap .5; bin 1 = {0.7 right, 0.6 wrong}
+    # accuracy .5, confidence .65, gap .15 -> 1/3 * .5 + 2/3 * .15
+    assert M.ece(P3, Y3, n_bins=2) == pytest.approx(1 / 6 + 0.1)
+    rel = M.reliability(P3, Y3, n_bins=2)
+    assert rel["count"] == [1, 2] and rel["accuracy"] == pytest.approx([0.0, 0.5])
+    assert rel["confidence"] == pytest.approx([0.5, 0.65])
+    # 15 bins: three singleton bins, gaps .5 (0.5 wrong), .3 (0.7 right), .6 (0.6 wrong)
+    assert M.ece(P3, Y3) == pytest.approx((0.5 + 0.3 + 0.6) / 3)
+    assert M.classification_metrics(P3, Y3)["brier"] == pytest.approx(1.4 / 3)
+
+
+def test_ood_auroc_and_entropy_hand_computed():
+    p_in = np.array([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4]])
+    p_out = np.array([[0.3, 0.7], [0.5, 0.5]])
+    # in-distribution confidences .9 .8 .6 vs OOD .7 .5: 5 of the 6 pairs ordered right
+    assert M.ood_auroc(p_in, p_out) == pytest.approx(5 / 6)
+    assert M.ood_auroc(p_in, p_in[:1] * 0 + [[0.5, 0.5]]) == pytest.approx(1.0)
+    ent = M.predictive_entropy(np.array([[0.25] * 4, [1.0, 0, 0, 0]]))
+    assert ent == pytest.approx([math.log(4), 0.0], abs=1e-9)
+
+
+def test_metrics_reject_bad_input():
+    with pytest.raises(InputError, match="sum to 1"):
+        M.nll(np.array([[0.5, 0.6]]), [0])
+    with pytest.raises(InputError) as err:
+        M.accuracy(P3, [0, 1, 2])
+    assert err.value.field == "labels"
+    with pytest.raises(InputError):
+        M.ece(P3, Y3, n_bins=0)
+    with pytest.raises(InputError):
+        M.ood_auroc(P3, np.zeros((0, 2)))
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def _write_idx(path, arr, compress=False):
+    codes = {np.uint8: 0x08, np.int32: 0x0C}
+    head = bytes([0, 0, codes[arr.dtype.type], arr.ndim]) + struct.pack(f">{arr.ndim}I",
+                                                                        *arr.shape)
+    body = head + arr.astype(arr.dtype.newbyteorder(">")).tobytes()
+    (gzip.open if compress else open)(path, "wb").write(body)
+
+
+def test_read_idx_plain_gzip_and_errors(tmp_path):
+    a = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    _write_idx(tmp_path / "a", a)
+    _write_idx(tmp_path / "b.gz", a, compress=True)
+    np.testing.assert_array_equal(read_idx(tmp_path / "a"), a)
+    np.testing.assert_array_equal(read_idx(tmp_path / "b.gz"), a)
+    i32 = np.array([1, -2, 70000], dtype=np.int32)
+    _write_idx(tmp_path / "c", i32)
+    np.testing.assert_array_equal(read_idx(tmp_path / "c"), i32)
+    (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04")
+    with pytest.raises(InputError) as err:
+        read_idx(tmp_path / "bad")
+    assert err.value.field == "magic" and err.value.file.endswith("bad")
+    (tmp_path / "short").write_bytes((tmp_path / "a").read_bytes()[:-5])
+    with pytest.raises(InputError, match="truncated"):
+        read_idx(tmp_path / "short")
+
+
+def test_mnist_like_from_idx_and_npz_and_missing(tmp_path):
+    rng = np.random.default_rng(0)
+    x_tr = rng.integers(0, 256, (20, 28, 28), dtype=np.uint8)
+    y_tr = (np.arange(20) % 10).astype(np.uint8)
+    x_te, y_te = x_tr[:10], y_tr[:10]
+    sub = tmp_path / "Fashion-MNIST"
+    sub.mkdir()
+    for name, arr in (("train-images-idx3-ubyte", x_tr), ("train-labels-idx1-ubyte", y_tr),
+                      ("t10k-images-idx3-ubyte", x_te), ("t10k-labels-idx1-ubyte", y_te)):
+        _write_idx(sub / (name + ".gz"), arr, compress=True)
+    raw = load_mnist_like("fmnist", tmp_path)       # found in the sub-folder
+    np.testing.assert_array_equal(raw["x_train"], x_tr)
+    np.savez(tmp_path / "mnist.npz", x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te)
+    data = load_classification("mnist", tmp_path, seed=1, ood_dir=tmp_path, n_train=12)
+    assert data.x_train.shape == (12, 1, 28, 28) and data.ood_name == "Fashion-MNIST"
+    assert float(data.x_train.max()) <= 1.0 and data.x_ood.shape == (10, 1, 28, 28)
+    with pytest.raises(InputError) as err:
+        load_classification("kmnist", tmp_path)
+    assert err.value.field == "kmnist" and err.value.file == str(tmp_path)
+    assert "t10k-images-idx3-ubyte" in str(err.value)
+    with pytest.raises(InputError) as err:
+        load_classification("mnist")                 # no folder given: never downloads
+    assert err.value.field == "data_dir"
+    np.savez(tmp_path / "kmnist.npz", x_train=x_tr)
+    with pytest.raises(InputError, match="missing arrays"):
+        load_classification("kmnist", tmp_path)
+
+
+def test_digits_split_ood_and_rotation():
+    d = load_classification("digits", seed=3)
+    assert d.x_train.shape[0] + d.x_test.shape[0] == 1797 and d.num_classes == 10
+    assert float(d.x_train.min()) >= 0 and float(d.x_train.max()) <= 1
+    # stratified: every class has ~30 % of its images in the test set
+    counts = torch.bincount(d.y_test, minlength=10).float() / torch.bincount(
+        torch.cat([d.y_train, d.y_test]), minlength=10).float()
+    assert bool(((counts - 0.3).abs() < 0.02).all())
+    # permuted OOD images keep each image's pixel values, not their arrangement
+    np.testing.assert_allclose(d.x_ood.flatten(1).sort(1).values,
+                               d.x_test.flatten(1).sort(1).values)
+    assert not torch.equal(d.x_ood, d.x_test)
+    h = load_classification("digits", seed=3, ood="holdout", holdout_classes=(8, 9))
+    assert h.num_classes == 8 and int(h.y_train.max()) == 7 and h.x_ood.shape[0] > 0
+    with pytest.raises(InputError):
+        load_classification("digits", ood="holdout", holdout_classes=(12,))
+    # rotations: 180° flips both axes exactly, 90° is np.rot90 (counter-clockwise as shown)
+    x = torch.rand(2, 1, 8, 8)
+    torch.testing.assert_close(rotate_images(x, 180), x.flip(-1).flip(-2), atol=1e-5, rtol=0)
+    torch.testing.assert_close(rotate_images(x, 90), torch.rot90(x, 1, (-2, -1)), atol=1e-5,
+                               rtol=0)
+    torch.testing.assert_close(d.rotated(0), d.x_test)
+    p = permuted_images(x, 0)
+    torch.testing.assert_close(p, permuted_images(x, 0))
+
+
+# ------------------------------------------------------------------------------ models
+
+
+def test_classifiers_shapes_blocks_and_errors():
+    cnn = build_classifier("cnn", (1, 8, 8), 10, seed=0)
+    assert cnn(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+    assert sum(p.numel() for p in cnn.parameters()) == 1898
+    clin = C.ClassifierLinearization(cnn, torch.zeros(2, 1, 8, 8))
+    assert list(clin.blocks) == ["conv_0", "conv_1", "out"]
+    assert clin.num_params == 1898                          # weights and biases
+    a = build_classifier("mlp", (1, 8, 8), 10, seed=5)
+    b = build_classifier("mlp", (1, 8, 8), 10, seed=5)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    with pytest.raises(InputError):
+        build_classifier("cnn", (1, 6, 6), 10)               # 6 is not divisible by 4
+    with pytest.raises(InputError):
+        build_classifier("resnet", (1, 8, 8), 10)
+    with pytest.raises(InputError):
+        build_classifier("mlp", (1, 8, 8), 10, dropout=1.0)
+
+
+# ------------------------------------------------------------------------------ engine
+
+
+def test_lambda_factor_and_products_match_dense(tiny):
+    x, y, net, clin, exact = tiny
+    p = torch.softmax(torch.randn(5, 4, dtype=torch.float64), -1)
+    eye = torch.eye(4, dtype=torch.float64)
+    B = C.b_mul(p.unsqueeze(1), eye.unsqueeze(0))           # rows B_n e_c -> B_n[:, c]
+    Bm = B.transpose(1, 2)                                  # [n, C, C] = B_n
+    Lam = torch.diag_embed(p) - p.unsqueeze(2) * p.unsqueeze(1)
+    torch.testing.assert_close(Bm.transpose(1, 2) @ Bm, Lam)
+    r = torch.randn(5, 4, dtype=torch.float64)
+    torch.testing.assert_close(C.lambda_mul(p, r), (Lam @ r.unsqueeze(2)).squeeze(2))
+    torch.testing.assert_close(C.bt_mul(p, r), (Bm.transpose(1, 2) @ r.unsqueeze(2)).squeeze(2))
+    # JVP / VJP against the dense Jacobian, and G against an explicit sum of J_nᵀ Λ_n J_n
+    J = clin.jacobian(x[:7], torch.float64)                 # [7, 3, d]
+    v = torch.randn(2, clin.num_params)
+    torch.testing.assert_close(clin.jvp_at(v, x[:7]).double(),
+                               torch.einsum("ncd,kd->knc", J, v.double()), atol=1e-4, rtol=1e-4)
+    u = torch.randn(2, 7, 3)
+    torch.testing.assert_close(clin.vjp_at(u, x[:7]).double(),
+                               torch.einsum("ncd,knc->kd", J, u.double()), atol=1e-4, rtol=1e-4)
+    Jall = clin.jacobian(x, torch.float64)
+    pa = torch.softmax(clin.logits(x).double(), -1)
+    La = torch.diag_embed(pa) - pa.unsqueeze(2) * pa.unsqueeze(1)
+    G = torch.einsum("ncd,nce,nef->df", Jall, La, Jall)
+    torch.testing.assert_close(exact.G, G, atol=1e-4 * float(G.abs().max()), rtol=1e-4)
+
+
+def test_sto_matches_the_exact_solution_of_its_draws(tiny):
+    x, y, net, clin, exact = tiny
+    prior = C.build_prior(clin, x, "ard", variance=0.5)
+    s = C.sample_sto(clin, x, prior, 6, generator=torch.Generator().manual_seed(3))
+    assert s.info["converged"] and s.z.shape == (6, clin.num_params)
+    w_exact = exact.solve_whitened(prior, s.anchor)
+    with torch.no_grad():
+        z_exact = prior.cov_sqrt(w_exact)
+    err = (s.z.double() - z_exact).norm(dim=1) / z_exact.norm(dim=1)
+    assert float(err.max()) < 1e-2
+    # without a preconditioner (plain Nesterov SGD) and mini-batched, same draws: close too
+    opts = C.STOOptions(iterations=1500, precond_rank=0, batch_size=60, polyak_start=0.5)
+    s2 = C.sample_sto(clin, x, prior, 6, options=opts, generator=torch.Generator().manual_seed(3))
+    err2 = (s2.z.double() - z_exact).norm(dim=1) / z_exact.norm(dim=1)
+    assert float(err2.max()) < 0.1
+    with pytest.raises(InputError):
+        C.sample_sto(clin, x, prior, 0)
+    with pytest.raises(InputError):
+        C.sample_sto(clin, x, prior, 2, options=C.STOOptions(batch_size=10_000))
+
+
+def test_sampled_predictive_agrees_with_exact_within_mc_error(tiny):
+    x, y, net, clin, exact = tiny
+    prior = C.build_prior(clin, x, "ard", variance=1.0)
+    k = 400
+    s = C.sample_sto(clin, x, prior, k, generator=torch.Generator().manual_seed(11))
+    xt, _ = _toy_data(30, seed=5)
+    fs = C.function_samples(clin, s.z, xt)                  # [k, 30, 3]
+    probs_s = torch.softmax(fs.double(), -1)
+    p_sampled = probs_s.mean(0)
+    se = probs_s.std(0) / math.sqrt(k)
+    f, cov = exact.function_covariance(prior, xt)
+    p_exact = C.gaussian_mc_predictive(f, cov, 40_000, torch.Generator().manual_seed(0))
+    # the exact reference has its own (200x smaller-variance) MC error: 4.5 sigma overall
+    assert bool(((p_sampled - p_exact).abs() <= 4.5 * se * math.sqrt(1 + k / 40_000)
+                 + 1e-4).all())
+    # the mean difference is small relative to the spread (not just within a loose band)
+    assert float((p_sampled - p_exact).abs().mean()) < 0.02
+    # function-space variances: chi-square error ≈ sqrt(2 / k) = 7 % per entry
+    var_s = C.sample_function_variance(fs - clin.logits(xt))
+    rel = (var_s / cov.diagonal(dim1=-2, dim2=-1) - 1).abs()
+    assert float(rel.mean()) < 0.1 and float(rel.max()) < 0.4
+    # the probit predictive from sample variances is close to the exact probit one
+    pr_s = C.probit_predictive(clin.logits(xt), var_s)
+    pr_e = C.probit_predictive(f, cov.diagonal(dim1=-2, dim2=-1))
+    assert float((pr_s - pr_e).abs().max()) < 0.03
+
+
+@pytest.mark.parametrize("kind", ["ard", "gprior"])
+def test_em_prior_agrees_with_exact_evidence_optimum(tiny, kind):
+    x, y, net, clin, exact = tiny
+    prior = C.build_prior(clin, x, kind, variance=1.0)
+    em = C.fit_prior(clin, x, prior, em_steps=20, k=32,
+                     generator=torch.Generator().manual_seed(2))
+    ref = C.build_prior(clin, x, kind, variance=1.0)
+    opt = exact.optimize_prior(ref)
+    assert opt["grad_norm"] < 1e-3
+    a_em = torch.tensor(em.variances())
+    a_ex = torch.tensor(opt["variances"])
+    assert bool(((a_em / a_ex - 1).abs() < 0.15).all()), (a_em, a_ex)
+    # the exact optimum is a maximum: moving every variance by ±20 % lowers the evidence
+    base = exact.log_evidence(a_ex.double().log(), ref)
+    for f in (0.8, 1.2):
+        assert float(exact.log_evidence((a_ex.double() * f).log(), ref)) < float(base)
+    # and the sampled gamma estimate at the end matches the exact gamma there
+    g_ex = exact.gamma(prior)
+    g_em = torch.tensor(em.trace[-1]["gamma"], dtype=torch.float64)
+    assert bool(((g_em / g_ex - 1).abs() < 0.15).all())
+
+
+def test_exact_evidence_matches_brute_force(tiny):
+    x, y, net, clin, exact = tiny
+    prior = C.build_prior(clin, x, "ard", variance=[0.3, 2.0])
+    a = prior.variances.detach().double()
+    var = torch.cat([torch.full((sl.stop - sl.start,), float(a[b]), dtype=torch.float64)
+                     for b, sl in enumerate(prior.block_slices.values())])
+    H = exact.G + torch.diag(1 / var)
+    th = clin.theta_hat.double()
+    ll = float(torch.log_softmax(clin.logits(x).double(), -1)[torch.arange(len(y)), y].sum())
+    brute = ll - 0.5 * float((th ** 2 / var).sum()) - 0.5 * float(var.log().sum()) \
+        - 0.5 * float(torch.linalg.slogdet(H)[1])
+    assert float(exact.log_evidence(a.log(), prior)) == pytest.approx(brute, rel=1e-4)
+    torch.testing.assert_close(exact.covariance(prior), torch.linalg.inv(H), rtol=1e-6,
+                               atol=1e-9)
+    # γ_b = d_b − Tr(Σ_b⁻¹ H⁻¹_bb)
+    Hi = torch.linalg.inv(H)
+    g0 = prior.block_dims[0] - float((Hi.diagonal()[:102] / var[:102]).sum())
+    assert float(exact.gamma(prior)[0]) == pytest.approx(float(g0), rel=1e-6)
+
+
+def test_train_map_dropout_and_errors(tiny):
+    x, y, net, clin, exact = tiny
+    loss_net = build_classifier("mlp", (1, 4, 4), 3, hidden=(6,), seed=1)
+    hist = C.train_map(loss_net, x, y, epochs=60, lr=1e-2)["loss"]
+    assert hist[-1] < 0.75 * hist[0]
+    with pytest.raises(InputError):
+        C.mc_dropout_predict(net, x)                        # no dropout layer
+    dnet = build_classifier("mlp", (1, 4, 4), 3, hidden=(6,), dropout=0.3, seed=0)
+    C.train_map(dnet, x, y, epochs=5)
+    p1 = C.mc_dropout_predict(dnet, x[:5], 20, seed=0)
+    torch.testing.assert_close(p1, C.mc_dropout_predict(dnet, x[:5], 20, seed=0))
+    assert not dnet.training and torch.allclose(p1.sum(-1), torch.ones(5, dtype=p1.dtype))
+    with pytest.raises(InputError):
+        C.fit_prior(clin, x, C.build_prior(clin, x), update="newton")
+    with pytest.raises(InputError):
+        C.build_prior(clin, x, "matern")
+    assert C.laplace_torch_available() in (True, False)
+
+
+# ------------------------------------------------------------------------------ benchmark
+
+
+def _tiny_config():
+    from ctuq.recon.classify_bench import BenchConfig
+
+    return BenchConfig(hidden=(8,), epochs=3, em_steps=2, em_samples=4, predictive_samples=8,
+                       mc_dropout_samples=4, exact_mc_samples=50, angles=(0.0, 90.0),
+                       sto=C.STOOptions(iterations=50))
+
+
+def test_run_benchmark_smoke():
+    from ctuq.data.classification import load_classification
+    from ctuq.recon.classify_bench import METHODS, aggregate, run_benchmark
+
+    data = load_classification("digits", seed=0, n_train=200, n_test=60)
+    res = run_benchmark(data, "all", _tiny_config(), seed=0)
+    expect = set(METHODS) - ({"laplace-torch"} if not C.laplace_torch_available() else set())
+    assert set(res.methods) == expect
+    doc = json.loads(json.dumps(res.to_dict()))
+    for name, m in doc["methods"].items():
+        assert 0 <= m["metrics"]["accuracy"] <= 1 and m["metrics"]["nll"] > 0
+        assert [r["angle"] for r in m["rotation"]] == [0.0, 90.0]
+        assert sum(m["reliability"]["count"]) == 60 and m["reliability"]["n_bins"] == 15
+    # MAP and the LLA share the network: identical rotation-0 accuracy source, probabilities differ
+    assert res.methods["map"].test_probs.shape == (60, 10)
+    agg = aggregate([res, res])
+    assert agg["map"]["nll"]["std"] == 0.0 and len(agg["map"]["nll"]["values"]) == 2
+    with pytest.raises(InputError):
+        run_benchmark(data, "map,bogus", _tiny_config())
+
+
+def test_cli_bench_classify(tmp_path, monkeypatch):
+    from ctuq.app import cli
+    from ctuq.recon import classify_bench
+
+    base = _tiny_config()
+    monkeypatch.setattr(classify_bench, "BenchConfig",
+                        lambda **kw: base.with_(**{k: v for k, v in kw.items()
+                                                   if k not in ("epochs",)}))
+    rc = cli.main(["bench-classify", "--dataset", "digits", "--methods", "map,lla-sampled",
+                   "--out", str(tmp_path), "--seeds", "0", "--n-train", "150",
+                   "--n-test", "40"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "bench_classify.json").read_text())
+    assert set(doc["aggregate"]) == {"map", "lla-sampled"}
+    assert (tmp_path / "reliability.png").stat().st_size > 1000
+    assert (tmp_path / "rotation.png").stat().st_size > 1000
+    # a missing data set is one clear error line and exit code 2
+    assert cli.main(["bench-classify", "--dataset", "mnist", "--out", str(tmp_path)]) == 2
+    assert cli.main(["bench-classify", "--dataset", "mnist", "--data-dir",
+                     str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
