@@ -3,7 +3,7 @@
 Layout: a :class:`~qtpy.QtWidgets.QTabWidget` with the tab "CT reconstruction"
 (sinogram layer, geometry, preset, advanced options, Run / Cancel / Export,
 one progress bar per pipeline stage) and a "Classification benchmark" tab
-that says the mode is coming. Results become layers ``"<name> FBP"``,
+(:class:`ctuq.app._classify_widget.ClassifyWidget`). Results become layers ``"<name> FBP"``,
 ``"<name> reconstruction"``, ``"<name> std"`` and, with a known truth,
 ``"<name> |error|"``; a docked matplotlib figure (:class:`ResultPlot`) shows
 the calibration curve and the EM trace.
@@ -39,13 +39,6 @@ log = logging.getLogger(__name__)
 #: Stages of :func:`ctuq.reconstruct`, in order, with their progress-bar labels.
 STAGES = {"fbp": "FBP", "dip": "DIP + TV fit", "em": "EM (hyperparameters)",
           "predictive": "predictive samples"}
-
-CLASSIFICATION_PLACEHOLDER = (
-    "<b>Classification benchmark</b><br><br>"
-    "The same linearised-posterior engine applied to image classifiers "
-    "(calibration and out-of-distribution benchmarks) will live in this tab. "
-    "It is not available in this version yet: it is coming in a later release."
-)
 
 
 def _unwrap(obj):
@@ -346,12 +339,12 @@ class CtuqWidget(QWidget):
         layout.addWidget(self.metrics_label)
         layout.addStretch(1)
 
-        placeholder = QLabel(CLASSIFICATION_PLACEHOLDER)
-        placeholder.setWordWrap(True)
-        placeholder.setAlignment(Qt.AlignTop | Qt.AlignLeft)
+        from ctuq.app._classify_widget import ClassifyWidget
+
+        self.classify_widget = ClassifyWidget(self.viewer)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
-        scroll.setWidget(placeholder)
+        scroll.setWidget(self.classify_widget)
         self.tabs.addTab(scroll, "Classification benchmark")
         self._form_widgets = [self.layer_combo, self.preset_combo, self.geometry_box,
                               self.advanced_box]
