@@ -82,6 +82,7 @@ from ctuq.recon.sampling import NystromPreconditioner
 __all__ = [
     "train_map", "ClassifierLinearization", "lambda_mul", "b_mul", "bt_mul", "build_prior",
     "gprior_for", "STOOptions", "ClassifierSample", "sample_sto", "EMResult", "fit_prior",
+    "linear_mode", "linear_logits",
     "mc_predictive", "probit_predictive", "gaussian_mc_predictive", "function_samples",
     "sample_function_variance", "ExactLLA", "mc_dropout_predict", "laplace_torch_available",
     "laplace_torch_predict", "PRIORS",
@@ -592,6 +593,67 @@ def sample_sto(clin: ClassifierLinearization, x: Tensor, prior: GaussianPrior, k
     return ClassifierSample(z, theta0, u, e, W_final.clone(), anchor, info)
 
 
+def linear_mode(clin: ClassifierLinearization, x: Tensor, y: Tensor, prior: GaussianPrior, *,
+                init: Tensor | None = None, max_iter: int = 300, tol: float = 1e-7) -> Tensor:
+    """``θ*``: the MAP of the linearised model under ``prior`` (METHOD.md "recommendation 1").
+
+    Minimises ``Σ_n CE(y_n, f(x_n, θ̂) + J_n (θ − θ̂)) + ½ ‖θ‖²_{Σ⁻¹}`` (convex) by
+    L-BFGS in whitened coordinates ``θ = L w``; each evaluation is one JVP and
+    one VJP over the training set.
+
+    Parameters
+    ----------
+    clin : ClassifierLinearization
+    x : Tensor, shape (N, 1, H, W)
+    y : Tensor, shape (N,)
+    prior : GaussianPrior
+    init : Tensor, shape (d_θ,), optional
+        Starting point (default ``θ̂``).
+    max_iter : int, optional
+        L-BFGS iterations. Default 300.
+    tol : float, optional
+        Gradient tolerance (whitened gradient of the objective per data point). Default 1e-7.
+
+    Returns
+    -------
+    Tensor, shape (d_θ,)
+    """
+    x = x.to(clin.device)
+    f0 = clin.logits(x)
+    start = clin.theta_hat if init is None else init.to(clin.device).float()
+    with torch.no_grad():
+        w0 = prior.cov_sqrt(prior.precision(start.reshape(1, -1)), transpose=True)[0]
+    w = w0.clone().requires_grad_(True)
+    n = x.shape[0]
+    onehot = torch.nn.functional.one_hot(y.to(clin.device), f0.shape[-1]).float()
+    opt = torch.optim.LBFGS([w], lr=1, max_iter=max_iter, tolerance_grad=tol,
+                            tolerance_change=1e-12, history_size=20,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        with torch.no_grad():
+            theta = prior.cov_sqrt(w.detach().reshape(1, -1))
+            h = f0 + clin.jvp_at(theta - clin.theta_hat, x)[0]
+            logp = torch.log_softmax(h, -1)
+            value = -(onehot * logp).sum() + 0.5 * w.detach().square().sum()
+            g = clin.vjp_at((logp.exp() - onehot).unsqueeze(0), x)
+            grad = prior.cov_sqrt(g, transpose=True)[0] + w.detach()
+        w.grad = grad / n
+        return value / n
+
+    opt.step(closure)
+    with torch.no_grad():
+        return prior.cov_sqrt(w.detach().reshape(1, -1))[0]
+
+
+def linear_logits(clin: ClassifierLinearization, theta: Tensor, x: Tensor) -> Tensor:
+    """``f(x, θ̂) + J(x)(θ − θ̂)``, ``[n, C]``."""
+    x = x.to(clin.device)
+    return torch.cat([clin.logits(x[i:i + clin.data_chunk]) + clin.jvp_at(
+        (theta - clin.theta_hat).reshape(1, -1), x[i:i + clin.data_chunk])[0]
+        for i in range(0, x.shape[0], clin.data_chunk)])
+
+
 # ------------------------------------------------------------------------------
 # evidence: MacKay / EM
 
@@ -610,12 +672,18 @@ class EMResult:
         Per EM step: ``variances`` (list, before the update), ``gamma``
         (``γ̂_b``), ``gamma_se``, ``theta_quad``, ``new_variances``, ``sto_iterations``.
     seconds : float
+    theta_star : Tensor, shape (d_θ,) or None
+        ``mode='linear'``: the linear-model mode at the final prior.
+    probs : Tensor, shape (N, C) or None
+        ``mode='linear'``: the training probabilities at ``θ*`` (the GGN's ``p_n``).
     """
 
     prior: GaussianPrior
     sample: ClassifierSample
     trace: list
     seconds: float
+    theta_star: Tensor | None = None
+    probs: Tensor | None = None
 
     def variances(self) -> list[float]:
         return [float(v) for v in self.prior.variances.detach().cpu()]
@@ -625,6 +693,7 @@ def fit_prior(clin: ClassifierLinearization, x: Tensor, prior: GaussianPrior, *,
               em_steps: int = 10, k: int = 8, update: str = "mackay",
               probs: Tensor | None = None, options: STOOptions | None = None,
               generator: torch.Generator | None = None, tol: float = 1e-3,
+              mode: str = "map", y: Tensor | None = None,
               progress=None, cancel=None) -> EMResult:
     """Tune the prior variances by MacKay / EM updates driven by STO samples.
 
@@ -648,6 +717,15 @@ def fit_prior(clin: ClassifierLinearization, x: Tensor, prior: GaussianPrior, *,
         Default ``'mackay'``.
     tol : float, optional
         Stop when no ``log a_b`` moves by more than this. Default 1e-3.
+    mode : {'map', 'linear'}, optional
+        ``'map'`` (default): the mode is the network's ``θ̂`` (post-hoc
+        Laplace; the fixed point is the optimum of :meth:`ExactLLA.log_evidence`).
+        ``'linear'``: every E-step first finds the linearised model's own mode
+        ``θ*`` under the current prior (:func:`linear_mode`, warm-started), uses
+        ``‖θ*_b‖²`` in the update and the GGN at ``θ*`` (``p_n`` of the
+        linearised logits) for the samples.
+    y : Tensor, shape (N,), optional
+        Training labels (``mode='linear'`` only).
     options, generator, probs, progress, cancel
         As for :func:`sample_sto`.
 
@@ -657,6 +735,10 @@ def fit_prior(clin: ClassifierLinearization, x: Tensor, prior: GaussianPrior, *,
     """
     if update not in ("mackay", "em"):
         raise InputError(f"must be 'mackay' or 'em', got {update!r}", field="update")
+    if mode not in ("map", "linear"):
+        raise InputError(f"must be 'map' or 'linear', got {mode!r}", field="mode")
+    if mode == "linear" and y is None:
+        raise InputError("mode='linear' needs the training labels", field="y")
     if em_steps < 0:
         raise InputError(f"must be >= 0, got {em_steps}", field="em_steps")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
@@ -664,9 +746,19 @@ def fit_prior(clin: ClassifierLinearization, x: Tensor, prior: GaussianPrior, *,
     probs = clin.probs(x) if probs is None else probs
     dims = prior.block_dims
     theta = clin.theta_hat.reshape(1, -1).double()
+    theta_star = None
     trace, sample = [], None
+
+    def refresh_mode():
+        nonlocal theta_star, theta, probs
+        theta_star = linear_mode(clin, x, y, prior, init=theta_star)
+        theta = theta_star.reshape(1, -1).double()
+        probs = torch.softmax(linear_logits(clin, theta_star, x), -1)
+
     for step in range(em_steps):
         check_cancel(cancel, "EM")
+        if mode == "linear":
+            refresh_mode()
         sample = sample_sto(clin, x, prior, k, probs=probs, options=options, generator=gen,
                             warm_start=sample, cancel=cancel)
         with torch.no_grad():
@@ -687,9 +779,12 @@ def fit_prior(clin: ClassifierLinearization, x: Tensor, prior: GaussianPrior, *,
                       "a = " + ", ".join(f"{float(v):.3g}" for v in new))
         if float((new.log() - a.log()).abs().max()) < tol:
             break
+    if mode == "linear":
+        refresh_mode()
     sample = sample_sto(clin, x, prior, k, probs=probs, options=options, generator=gen,
                         warm_start=sample, cancel=cancel)
-    return EMResult(prior, sample, trace, time.perf_counter() - t0)
+    return EMResult(prior, sample, trace, time.perf_counter() - t0, theta_star,
+                    probs if mode == "linear" else None)
 
 
 # ------------------------------------------------------------------------------

@@ -90,6 +90,10 @@ class BenchConfig:
         EM steps and samples per E-step. Defaults 10 and 8 (reference).
     em_update : {'mackay', 'em'}
         Default ``'mackay'``.
+    lla_mode : {'map', 'linear'}
+        Mode of the sampled LLA: the network's ``θ̂`` (post-hoc Laplace) or the
+        linearised model's own mode ``θ*`` re-found at every EM step (predictive
+        mean ``f(θ̂) + J(θ* − θ̂)``). Default ``'map'``.
     sto : STOOptions
         Sampler settings. Default :class:`ctuq.recon.classify.STOOptions` ().
     predictive_samples : int
@@ -117,6 +121,7 @@ class BenchConfig:
     em_steps: int = 10
     em_samples: int = 8
     em_update: str = "mackay"
+    lla_mode: str = "map"
     sto: C.STOOptions = field(default_factory=C.STOOptions)
     predictive_samples: int = 64
     exact_mc_samples: int = 1000
@@ -130,6 +135,9 @@ class BenchConfig:
         if self.prior not in C.PRIORS:
             raise InputError(f"must be one of {', '.join(C.PRIORS)}, got {self.prior!r}",
                              field="prior")
+        if self.lla_mode not in ("map", "linear"):
+            raise InputError(f"must be 'map' or 'linear', got {self.lla_mode!r}",
+                             field="lla_mode")
         if self.em_update not in ("mackay", "em"):
             raise InputError(f"must be 'mackay' or 'em', got {self.em_update!r}",
                              field="em_update")
@@ -309,21 +317,28 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
             C.build_prior(clin, data.x_train, cfg.prior)
         em = C.fit_prior(clin, data.x_train, prior, em_steps=cfg.em_steps, k=cfg.em_samples,
                          update=cfg.em_update, probs=probs_train, options=cfg.sto,
-                         generator=gen, progress=progress, cancel=cancel)
+                         generator=gen, mode=cfg.lla_mode, y=data.y_train,
+                         progress=progress, cancel=cancel)
+        if em.probs is not None:
+            probs_train = em.probs
         sample = C.sample_sto(clin, data.x_train, prior, cfg.predictive_samples,
                               probs=probs_train, options=cfg.sto, generator=gen,
                               progress=progress, cancel=cancel)
+        shift = torch.zeros_like(clin.theta_hat) if em.theta_star is None else \
+            em.theta_star - clin.theta_hat
         setup = time.perf_counter() - t0
         extra = {"variances": em.variances(), "blocks": list(prior.block_names),
+                 "mode": cfg.lla_mode,
                  "em_trace": em.trace, "em_seconds": em.seconds,
                  "sto_iterations": sample.info["iterations"],
                  "sto_max_residual": float(sample.info["residuals"].max())}
-        fs = _cached(lambda x: C.function_samples(clin, sample.z, x))
+        fs = _cached(lambda x: C.function_samples(clin, sample.z + shift, x))
+        mean_logits = _cached(lambda x: C.function_samples(clin, shift.reshape(1, -1), x)[0])
         if "lla-sampled" in methods:
             timed("lla-sampled", lambda x: C.mc_predictive(fs(x)), setup, extra)
         if "lla-sampled-probit" in methods:
             def probit(x):
-                f = clin.logits(x)
+                f = mean_logits(x)
                 return C.probit_predictive(f, C.sample_function_variance(fs(x) - f))
             timed("lla-sampled-probit", probit, setup, extra)
 
