@@ -50,13 +50,16 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--prior", default="ard")
+    ap.add_argument("--lla-mode", default="map", help="map (post-hoc, θ̂) | linear (θ*)")
     ap.add_argument("--train-prior-precision", type=float, default=1.0)
     ap.add_argument("--epochs", type=int, default=150)
-    ap.add_argument("--figures", default=None, help="folder for reliability.png / rotation.png")
+    ap.add_argument("--figures", default=None,
+                    help="folder for classification_reliability.png / classification_rotation.png")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     cfg = B.BenchConfig(model=args.model, prior=args.prior, epochs=args.epochs,
-                        train_prior_precision=args.train_prior_precision)
+                        train_prior_precision=args.train_prior_precision,
+                        lla_mode=args.lla_mode)
     seeds = [int(s) for s in args.seeds.split(",")]
     t0 = time.perf_counter()
     results = []
@@ -73,7 +76,8 @@ def main(argv=None) -> int:
 
         save_benchmark_figures(args.figures, B.pooled_reliability(results),
                                B.rotation_rows(doc["aggregate"]),
-                               title=f"digits, {args.model}, {len(seeds)} seeds")
+                               title=f"digits, {args.model}, {len(seeds)} seeds",
+                               prefix="classification_")
     json.dump(doc, sys.stdout, indent=1)
     print()
     return 0

@@ -75,8 +75,11 @@ def draw_rotation(ax_acc, ax_nll, rotations: dict, fg: str = "black") -> None:
 
 
 def save_benchmark_figures(out_dir, reliabilities: dict, rotations: dict,
-                           title: str = "") -> list[Path]:
-    """Write ``reliability.png`` and ``rotation.png`` into ``out_dir``; returns their paths."""
+                           title: str = "", prefix: str = "") -> list[Path]:
+    """Write ``<prefix>reliability.png`` and ``<prefix>rotation.png`` into ``out_dir``.
+
+    Returns their paths.
+    """
     from matplotlib.figure import Figure
 
     out_dir = Path(out_dir)
@@ -86,13 +89,13 @@ def save_benchmark_figures(out_dir, reliabilities: dict, rotations: dict,
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    rel_path = out_dir / "reliability.png"
+    rel_path = out_dir / f"{prefix}reliability.png"
     fig.savefig(rel_path, dpi=110)
     fig = Figure(figsize=(9, 3.6))
     draw_rotation(fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2), rotations)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    rot_path = out_dir / "rotation.png"
+    rot_path = out_dir / f"{prefix}rotation.png"
     fig.savefig(rot_path, dpi=110)
     return [rel_path, rot_path]
