@@ -308,6 +308,20 @@ def test_fit_posterior_api_trace_and_draw(problem):
     z2 = post.draw(6, generator=torch.Generator().manual_seed(1))
     assert torch.allclose(z, z2, rtol=1e-3, atol=1e-5)  # seeded
     json.dumps(post.summary())
+    # in batches: progress after each, cancel honoured, seeded, and still N(0, H⁻¹)-sized
+    events.clear()
+    zb = post.draw(5, generator=torch.Generator().manual_seed(2), batch_size=2,
+                   progress=lambda ev: events.append(ev))
+    assert zb.shape == (5, d) and bool(torch.isfinite(zb).all())
+    assert [(ev.stage, ev.step, ev.total) for ev in events] == [
+        ("predictive", 2, 5), ("predictive", 4, 5), ("predictive", 5, 5)]
+    zb2 = post.draw(5, generator=torch.Generator().manual_seed(2), batch_size=2)
+    assert torch.allclose(zb, zb2, rtol=1e-3, atol=1e-5)
+    ratio = float(zb.norm(dim=1).mean() / z.norm(dim=1).mean())
+    assert 0.7 < ratio < 1.4  # same distribution as one batch (norms concentrate in d ≫ 1)
+    calls = []
+    with pytest.raises(Cancelled):
+        post.draw(5, batch_size=2, cancel=lambda: calls.append(1) or len(calls) > 1)
 
 
 def test_known_noise_is_kept(problem):

@@ -136,6 +136,38 @@ def test_cancel_stops_quickly_and_viewer_stays_usable(viewer_widget, qtbot):
     assert shot.ndim == 3 and shot.shape[-1] == 4
 
 
+def test_cancel_during_hyperparameter_fit(viewer_widget, qtbot):
+    """Cancel lands inside the EM loop (preconditioner sketch, CG, PredCP M-step).
+
+    At 64² one E-step takes 15–30 s on two cores (a Nyström sketch of 220
+    products, a PredCP refresh of 176): before those polled ``cancel``, this
+    took 33–40 s.
+    """
+    from qtpy.QtCore import Qt
+
+    viewer, w = viewer_widget
+    viewer.open_sample("ctuq", "shepp_logan")
+    w.layer_combo.setCurrentText("shepp_logan")
+    assert w.image_size_spin.value() == 64
+    _tiny(w)
+    w.em_steps_spin.setValue(500)            # would run for an hour
+    w.n_samples_spin.setValue(8)
+    n_layers = len(viewer.layers)
+    w.run()
+    qtbot.waitUntil(lambda: w.progress_bars["em"].value() >= 1, timeout=120_000)
+    assert w.progress_bars["em"].maximum() == 501
+    for delay_ms in (0, 700):                # right after an E-step, then mid-step
+        qtbot.wait(delay_ms)
+        assert w.is_running
+    t0 = time.perf_counter()
+    qtbot.mouseClick(w.cancel_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: not w.is_running, timeout=30_000)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 5.0, f"cancel during EM took {elapsed:.1f} s"
+    qtbot.waitUntil(lambda: w.run_button.isEnabled(), timeout=5_000)
+    assert len(viewer.layers) == n_layers and w.last_result is None
+
+
 def test_run_end_to_end(viewer_widget, qtbot, tmp_path):
     viewer, w = viewer_widget
     _tiny(w)

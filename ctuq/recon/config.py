@@ -122,12 +122,15 @@ class UncertaintyConfig:
                                  field=f"uncertainty.{name}")
 
 
-#: Uncertainty defaults per U-net preset (sizes grow, samples shrink).
+#: Uncertainty defaults per U-net preset (sizes grow, samples shrink). The
+#: PredCP refresh costs ``blocks × predcp_samples`` JVP+VJP pairs per EM step
+#: (11 × 32 = 352 at 64², more than the CG solve): the reference itself
+#: drops from 500 draws at 28² to 20 at 501², so larger presets use 16.
 UNCERTAINTY_DEFAULTS: dict[str, dict] = {
     "reference-28": dict(n_samples=16, predictive_samples=256),
-    "dip-64": dict(n_samples=8, predictive_samples=128),
-    "dip-128": dict(n_samples=8, predictive_samples=64),
-    "dip-256": dict(n_samples=4, predictive_samples=32, em_steps=4),
+    "dip-64": dict(n_samples=8, predictive_samples=64, predcp_samples=16, em_steps=5),
+    "dip-128": dict(n_samples=8, predictive_samples=64, predcp_samples=16),
+    "dip-256": dict(n_samples=4, predictive_samples=32, predcp_samples=16, em_steps=4),
 }
 
 

@@ -526,7 +526,9 @@ class FittedPosterior:
             "converged": bool(self.info.get("converged", False)),
         }
 
-    def draw(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+    def draw(self, k: int, generator: torch.Generator | None = None, *,
+             batch_size: int | None = None, progress: Callable | None = None,
+             cancel: Callable[[], bool] | None = None, stage: str = "predictive") -> Tensor:
         """``k`` fresh zero-mean posterior samples with the fitted hyperparameters, ``[k, d_θ]``.
 
         Reuses the last E-step's preconditioner (CG) or ``θ*`` (STO).
@@ -536,6 +538,16 @@ class FittedPosterior:
         k : int
         generator : torch.Generator, optional
             CPU generator. Default seeded with ``config.seed + 1``.
+        batch_size : int, optional
+            Samples per solver call; progress is reported and ``cancel``
+            polled between batches (and inside each solve). Default all at
+            once.
+        progress : callable, optional
+            ``emit_progress(progress, stage, done, k, message)`` after each batch.
+        cancel : callable, optional
+            Raises :class:`~ctuq.errors.Cancelled` when it returns True.
+        stage : str
+            Progress stage name. Default ``'predictive'``.
         """
         k = int(k)
         if k < 0:
@@ -545,13 +557,22 @@ class FittedPosterior:
         if k == 0:
             return self.theta_star.new_zeros(0, self.lin.num_params)
         cfg = self.config
-        if self.dense_sampler is not None:
-            return self.dense_sampler.sample(self.prior, self.noise_var, k, gen).z
-        # fresh draws; the last E-step's θ* solution and preconditioner carry over
-        res = sample_posterior(self.lin, self.op, self.prior, self.noise_var, self.y, k,
-                               cfg.sampler, generator=gen, warm_start=self.sample_state,
-                               redraw=True, **_sampler_options(cfg))
-        return res.z
+        step = k if batch_size is None else max(1, int(batch_size))
+        parts, done = [], 0
+        while done < k:
+            check_cancel(cancel, "posterior sampling")
+            m = min(step, k - done)
+            if self.dense_sampler is not None:
+                z = self.dense_sampler.sample(self.prior, self.noise_var, m, gen).z
+            else:
+                # fresh draws; the last E-step's θ* solution and preconditioner carry over
+                z = sample_posterior(self.lin, self.op, self.prior, self.noise_var, self.y, m,
+                                     cfg.sampler, generator=gen, warm_start=self.sample_state,
+                                     redraw=True, cancel=cancel, **_sampler_options(cfg)).z
+            parts.append(z)
+            done += m
+            emit_progress(progress, stage, done, k, f"{done}/{k} posterior samples")
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def summary(self) -> dict:
         """Hyperparameters, trace and info, JSON-able (for result files and benchmarks)."""
