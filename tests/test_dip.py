@@ -16,16 +16,9 @@ from ctuq.recon.dip import DIPConfig, fit_dip, load_weights, save_weights, total
 from ctuq.recon.mc_dropout import fit_mc_dropout, mc_dropout_predict
 from ctuq.recon.progress import ProgressEvent
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TINY = UNetConfig(scales=2, channels=(8, 8), skip_channels=(0, 2))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny convolutions run fastest on one thread (and the CI CPU is shared)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -6,33 +6,14 @@ import pytest
 import torch
 
 from ctuq.errors import InputError
-from ctuq.recon.exact import ExactPosterior, toy_problem
+from ctuq.recon.exact import ExactPosterior
 from ctuq.recon.priors import BlockPrior
 
 D64 = torch.float64
 
 # torch registers its forward-mode decompositions through torch.jit.script on first use
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # 28² products gain nothing from intra-op threads, and on a busy machine two
-    # oversubscribed threads make them 3-4× slower (measured); restored afterwards
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def problem():
-    return toy_problem()
-
-
-@pytest.fixture(scope="module")
-def lin(problem):
-    return problem.linearization()
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")]
 
 
 @pytest.fixture(scope="module")

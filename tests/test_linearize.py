@@ -6,33 +6,13 @@ import torch
 
 from ctuq.errors import InputError
 from ctuq.models.unet import build_unet
-from ctuq.recon.exact import toy_problem
 from ctuq.recon.linearize import Linearization, dense_ray_matrix, select_parameters
 
 from conftest import requires_cuda
 
 # torch registers its forward-mode decompositions through torch.jit.script on first use
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # 28² products gain nothing from intra-op threads, and on a busy machine two
-    # oversubscribed threads make them 3-4× slower (measured); restored afterwards
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def problem():
-    return toy_problem()
-
-
-@pytest.fixture(scope="module")
-def lin(problem):
-    return problem.linearization()
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")]
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,7 @@ from ctuq.recon.linearize import Linearization
 from ctuq.recon.predcp import TVPredCP, hyperparameter_tensors, predcp_weight, tv_gradient
 from ctuq.recon.priors import BlockPrior, GPrior
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny batched products: one thread is far faster on a shared 2-core machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -6,36 +6,16 @@ import pytest
 import torch
 
 from ctuq.errors import InputError
-from ctuq.recon.exact import toy_problem
 from ctuq.recon.linearize import dense_ray_matrix
 from ctuq.recon.priors import BlockPrior, GPrior, kernel_positions, matern_half_kernel
 
 from conftest import requires_cuda
 
 # torch registers its forward-mode decompositions through torch.jit.script on first use
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")]
 
 D64 = torch.float64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # 28² products gain nothing from intra-op threads, and on a busy machine two
-    # oversubscribed threads make them 3-4× slower (measured); restored afterwards
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def problem():
-    return toy_problem()
-
-
-@pytest.fixture(scope="module")
-def lin(problem):
-    return problem.linearization()
 
 
 def _eye(n):

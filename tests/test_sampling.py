@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ctuq.errors import Cancelled, InputError
-from ctuq.recon.exact import ExactPosterior, toy_problem
+from ctuq.recon.exact import ExactPosterior
 from ctuq.recon.priors import BlockPrior, GPrior
 from ctuq.recon.sampling import (A_adjoint_subset, A_subset, CGOptions, NystromPreconditioner,
                                  batched_cg, linear_target, sample_posterior)
@@ -26,32 +26,13 @@ from ctuq.recon.sampling import (A_adjoint_subset, A_subset, CGOptions, NystromP
 from conftest import requires_cuda
 
 # torch registers its forward-mode decompositions through torch.jit.script on first use
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")]
 
 D64 = torch.float64
 N_MC = 512
 MC_MEDIAN = 0.6745 * math.sqrt(2 / N_MC)
 VAR_TOL = min(0.10, 1.5 * MC_MEDIAN)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # 28² products gain nothing from intra-op threads, and on a busy machine two
-    # oversubscribed threads make them 3-4× slower (measured); restored afterwards
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def problem():
-    return toy_problem()
-
-
-@pytest.fixture(scope="module")
-def lin(problem):
-    return problem.linearization()
 
 
 @pytest.fixture(scope="module")

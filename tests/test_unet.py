@@ -15,13 +15,7 @@ from ctuq.models.unet import (
     unet_preset,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_reference_28_has_the_reference_parameter_count():

@@ -128,10 +128,23 @@ def _grad_adjoint(g: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def tv(x: torch.Tensor) -> torch.Tensor:
-    """Anisotropic total variation of images ``(..., n0, n1)``, summed over pixels."""
-    return ((x[..., 1:, :] - x[..., :-1, :]).abs().sum(dim=(-2, -1))
-            + (x[..., :, 1:] - x[..., :, :-1]).abs().sum(dim=(-2, -1)))
+def total_variation(x: torch.Tensor) -> torch.Tensor:
+    """Anisotropic total variation ``Σ|x[i+1,j]−x[i,j]| + Σ|x[i,j+1]−x[i,j]|``.
+
+    The regulariser of the TV baseline, the DIP+TV loss and TV-PredCP.
+
+    Parameters
+    ----------
+    x : Tensor, shape (..., H, W)
+
+    Returns
+    -------
+    Tensor
+        The sum over the last two axes, shape ``(...)``.
+    """
+    d0 = (x[..., 1:, :] - x[..., :-1, :]).abs().sum(dim=(-2, -1))
+    d1 = (x[..., :, 1:] - x[..., :, :-1]).abs().sum(dim=(-2, -1))
+    return d0 + d1
 
 
 def tv_reconstruction(y, op: RayTransform, weight: float | None = None, *,

@@ -43,6 +43,7 @@ from torch import Tensor
 
 from ctuq.errors import Cancelled, InputError
 from ctuq.models.unet import UNet, UNetConfig, build_unet, preset_name_for_size, unet_preset
+from ctuq.recon.baselines import total_variation
 from ctuq.recon.progress import emit_progress
 
 __all__ = [
@@ -277,23 +278,6 @@ class DIPResult:
 
 # ------------------------------------------------------------------------------
 # helpers
-
-
-def total_variation(x: Tensor) -> Tensor:
-    """Anisotropic total variation ``Σ|x[i+1,j]−x[i,j]| + Σ|x[i,j+1]−x[i,j]|``.
-
-    Parameters
-    ----------
-    x : Tensor, shape (..., H, W)
-
-    Returns
-    -------
-    Tensor
-        The sum over the last two axes, shape ``(...)``.
-    """
-    d0 = (x[..., 1:, :] - x[..., :-1, :]).abs().sum(dim=(-2, -1))
-    d1 = (x[..., :, 1:] - x[..., :, :-1]).abs().sum(dim=(-2, -1))
-    return d0 + d1
 
 
 def resolve_device(device) -> torch.device:

@@ -60,7 +60,7 @@ import torch
 from torch import Tensor
 
 from ctuq.errors import InputError
-from ctuq.recon.dip import total_variation
+from ctuq.recon.baselines import total_variation
 from ctuq.recon.linearize import Linearization
 from ctuq.recon.priors import BlockPrior, GaussianPrior, GPrior
 
