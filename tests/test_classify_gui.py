@@ -66,6 +66,18 @@ def test_tiny_benchmark_in_napari(tab, qtbot):
                                w.result.methods["map"].test_probs.max(1))
 
 
+def test_cancel_stops_the_run(tab, qtbot):
+    viewer, widget, w = tab
+    w.epochs_spin.setValue(2000)                       # long enough to be cancelled mid-way
+    for m, box in w.method_checks.items():
+        box.setChecked(m == "map")
+    w.run()
+    qtbot.waitUntil(lambda: "train" in w.status_label.text(), timeout=60_000)
+    w.cancel()
+    qtbot.waitUntil(lambda: not w.is_running, timeout=30_000)
+    assert w.status_label.text() == "Cancelled." and w.result is None
+
+
 def test_missing_data_set_is_reported(tab, qtbot):
     viewer, widget, w = tab
     w.dataset_combo.setCurrentText("mnist")

@@ -201,6 +201,12 @@ class ClassifyWidget(QWidget):
             relay.progress.emit((stage, int(step), int(total), str(message)))
 
         def job():
+            import torch
+
+            # the small networks run fastest single-threaded (set in the worker thread,
+            # where the benchmark's operations run)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
             try:
                 data = load_classification(dataset, data_dir, seed=seed, n_train=n_train)
                 return "ok", run_benchmark(data, methods, cfg, seed=seed, progress=progress,
@@ -209,6 +215,8 @@ class ClassifyWidget(QWidget):
                 return "cancelled", None
             except CtuqError as err:
                 return "error", str(err)
+            finally:
+                torch.set_num_threads(threads)
 
         worker = thread_worker(job, start_thread=False)()
         worker.returned.connect(self._on_returned)
