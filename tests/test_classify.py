@@ -231,6 +231,18 @@ def test_lambda_factor_and_products_match_dense(tiny):
     torch.testing.assert_close(exact.G, G, atol=1e-4 * float(G.abs().max()), rtol=1e-4)
 
 
+def test_gprior_scales_exact_and_by_probes(tiny):
+    x, y, net, clin, exact = tiny
+    gp = C.gprior_for(clin, x, exact=True)
+    # s_i = (diag(G)_i / N)^(-1/2) with G the exact dense GGN
+    torch.testing.assert_close(gp.scale, (exact.G.diagonal() / len(y)).rsqrt(), rtol=1e-4,
+                               atol=0)
+    gq = C.gprior_for(clin, x, exact=False, n_probes=512,
+                      generator=torch.Generator().manual_seed(0))
+    rel = (gq.scale / gp.scale) ** -2 - 1              # error of the diag(G) estimate
+    assert float(rel.abs().mean()) < 0.1               # sqrt(2/512) = 6 % per entry at most
+
+
 def test_sto_matches_the_exact_solution_of_its_draws(tiny):
     x, y, net, clin, exact = tiny
     prior = C.build_prior(clin, x, "ard", variance=0.5)

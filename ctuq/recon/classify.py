@@ -18,7 +18,9 @@ Model
     ``B_n = diag(√p_n) − √p_n p_nᵀ`` (because ``Σ_c p_c = 1``).
     The posterior mean is ``θ̂`` (post-hoc Laplace: the network is not
     retrained when the prior changes); zero-mean samples ``z ~ N(0, H⁻¹)``
-    carry the uncertainty.
+    carry the uncertainty. Optionally (``fit_prior(mode='linear')``) the mode
+    is the linearised model's own MAP ``θ*`` (:func:`linear_mode`), with the
+    GGN taken at ``θ*``.
 Prior
     :class:`~ctuq.recon.priors.BlockPrior` ``kind='iso'`` with one block
     per layer (layer-wise ARD: weights and bias of a layer share ``a_b``), or
@@ -807,8 +809,13 @@ def mc_predictive(logit_samples: Tensor) -> Tensor:
 
 
 def sample_function_variance(logit_samples: Tensor) -> Tensor:
-    """Per-class variance of linearised logits over samples (about the MAP logits, zero-mean
-    samples): ``mean_s (J z_s)²``, ``[n, C]``; pass ``f + J z`` minus ``f``."""
+    """Per-class logit variance ``mean_s (J z_s)²`` from zero-mean perturbations, ``[n, C]``.
+
+    Parameters
+    ----------
+    logit_samples : Tensor, shape (S, n, C)
+        ``J(x) z_s`` (i.e. :func:`function_samples` minus the mean logits).
+    """
     return logit_samples.double().square().mean(0)
 
 
