@@ -20,12 +20,7 @@ from ctuq.recon import classify as C
 from ctuq.recon import classify_metrics as M
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny products: one thread (conftest)
 
 
 # ------------------------------------------------------------------------------ fixtures
@@ -41,9 +36,8 @@ def _toy_data(n=120, seed=0, classes=3):
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(one_thread):
     """A trained tiny MLP (123 parameters), its linearisation and the exact dense LLA."""
-    torch.set_num_threads(1)
     x, y = _toy_data()
     net = build_classifier("mlp", (1, 4, 4), 3, hidden=(6,), seed=0)
     C.train_map(net, x, y, epochs=60, lr=1e-2, batch_size=32, prior_precision=1.0)

@@ -8,7 +8,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 pytestmark = [
     pytest.mark.gui,
@@ -19,8 +18,7 @@ pytestmark = [
 
 
 @pytest.fixture
-def tab(make_napari_viewer, qtbot):
-    torch.set_num_threads(1)
+def tab(make_napari_viewer, qtbot, one_thread):
     viewer = make_napari_viewer()
     _, widget = viewer.window.add_plugin_dock_widget("ctuq", "CT reconstruction")
     w = widget.classify_widget
