@@ -141,6 +141,7 @@ def bench_size(size: int, args, device) -> dict:
     # -- the CG sampler, end to end
     t = time.perf_counter()
     cg = sample_posterior(lin, op, prior, s2, pb.y, k, method="cg",
+                          precond_rank=args.precond_rank,
                           generator=torch.Generator().manual_seed(1))
     _sync(device)
     t_cg = time.perf_counter() - t
@@ -158,7 +159,8 @@ def bench_size(size: int, args, device) -> dict:
     # an EM step: fresh draws, θ* and the preconditioner carried over
     t = time.perf_counter()
     cg2 = sample_posterior(lin, op, prior, s2, pb.y, k, method="cg", warm_start=cg,
-                           redraw=True, generator=torch.Generator().manual_seed(3))
+                           redraw=True, precond_rank=args.precond_rank,
+                           generator=torch.Generator().manual_seed(3))
     _sync(device)
     t_cg_warm = time.perf_counter() - t
     res["cg"] = {"time_total_s": t_cg, "time_per_sample_s": t_cg / max(k, 1),
@@ -176,13 +178,14 @@ def bench_size(size: int, args, device) -> dict:
     # -- the STO sampler, end to end
     t = time.perf_counter()
     sto = sample_posterior(lin, op, prior, s2, pb.y, k, method="sto",
-                           iterations=args.sto_iterations,
+                           iterations=args.sto_iterations, precond_rank=args.precond_rank,
                            generator=torch.Generator().manual_seed(1))
     _sync(device)
     t_sto = time.perf_counter() - t
     t = time.perf_counter()
     sto2 = sample_posterior(lin, op, prior, s2, pb.y, k, method="sto", warm_start=sto,
                             redraw=True, iterations=args.sto_iterations,
+                            precond_rank=args.precond_rank,
                             generator=torch.Generator().manual_seed(3))
     _sync(device)
     t_sto_warm = time.perf_counter() - t
@@ -247,6 +250,8 @@ def main() -> None:
                         help="most vectors per batched product (bounds the memory of the "
                              "preconditioner sketch); 0: no limit")
     parser.add_argument("--exact-max-gb", type=float, default=6.0)
+    parser.add_argument("--precond-rank", type=int, default=100,
+                        help="Nyström rank of both samplers (the pipeline's default, 100)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()

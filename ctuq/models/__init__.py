@@ -1,4 +1,4 @@
-"""Networks: the deep-image-prior U-net (and, later, small classifiers)."""
+"""Networks: the deep-image-prior U-net (:mod:`.unet`) and small classifiers (:mod:`.classifiers`)."""
 
 from ctuq.models.unet import (
     PRESETS,
