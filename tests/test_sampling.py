@@ -274,7 +274,7 @@ def test_cg_warm_start_reuses_solutions_and_preconditioner(problem, lin):
     assert warm.state.preconditioner is first.state.preconditioner
     assert warm.info["converged"] and warm.info["iterations"] <= cold.info["iterations"]
     with torch.no_grad():
-        prior.log_a += 1.0  # a big move rebuilds the preconditioner
+        prior.log_a += CGOptions().reuse_tol  # a big move (beyond reuse_tol) rebuilds it
     moved = sample_posterior(lin, problem.op, prior, s2, problem.y, 8, warm_start=first)
     assert moved.state.preconditioner is not first.state.preconditioner
     redrawn = sample_posterior(lin, problem.op, prior, s2, problem.y, 8, warm_start=first,

@@ -59,8 +59,12 @@ def result_figure(path, result, title: str | None = None) -> Path:
         panels.append(("|error|", err, "magma", (0, float(np.percentile(err, 99.5)))))
     extra = (truth is not None) + bool(result.em_trace)
     n = len(panels) + extra
-    fig, axes = plt.subplots(1, n, figsize=(3.1 * n, 3.4))
-    axes = np.atleast_1d(axes)
+    cols = n if n <= 4 else (n + 1) // 2  # two rows keep the panels legible in a README
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 3.3 * rows), squeeze=False)
+    axes = axes.ravel()
+    for ax in axes[n:]:
+        ax.axis("off")
     for ax, (name, img, cmap, (vmin, vmax)) in zip(axes, panels):
         im = ax.imshow(img, cmap=cmap, vmin=vmin, vmax=vmax if vmax > vmin else None)
         ax.set_title(name)
