@@ -430,3 +430,20 @@ def test_fit_posterior_on_cuda(problem):
     assert post.samples.is_cuda and bool(torch.isfinite(post.samples).all())
     assert post.draw(3).is_cuda
     json.dumps(post.trace)
+
+
+def test_gprior_starts_on_the_data_scale(problem):
+    """init_variance None: g₀ = mean(y²)/d_θ, so that the prior predictive of one
+    measurement, g₀ · Σ_i (Φ s)²_{ji} ≈ g₀ · d_θ, matches the data's mean square."""
+    lin, op, y = problem.lin, problem.op, problem.y
+    gen = torch.Generator().manual_seed(0)
+    prior = build_prior(lin, op, EvidenceConfig(prior="gprior"), generator=gen, y=y)
+    g0 = float(prior.variances.reshape(-1)[0])
+    assert g0 == pytest.approx(float(y.double().square().mean()) / lin.num_params, rel=1e-6)
+    with torch.no_grad():  # the prior predictive variance per measurement, by sampling
+        u = torch.randn(64, lin.num_params, generator=gen)
+        pred = op.A(lin.jvp(prior.cov_sqrt(u))).double().square().mean()
+    assert 0.3 < float(pred / y.double().square().mean()) < 3.0
+    explicit = build_prior(lin, op, EvidenceConfig(prior="gprior", init_variance=0.5), y=y)
+    assert float(explicit.variances.reshape(-1)[0]) == pytest.approx(0.5)
+    assert float(build_prior(lin, op, EvidenceConfig(prior="ard"), y=y).variances[0]) == 1.0

@@ -49,7 +49,8 @@ class UncertaintyConfig:
     ----------
     prior : {'matern', 'ard', 'gprior'}
         Block prior: Matérn-½ filter covariance per 3×3 block (reference),
-        isotropic per-block ARD, or the g-prior. Default ``'matern'``.
+        isotropic per-block ARD, or the g-prior. Default ``'gprior'`` (better
+        calibrated in every measurement, see ``docs/evidence.md``).
     sampler : {'cg', 'sto'}
         Matheron samples with preconditioned CG in observation space, or
         sample-then-optimise in parameter space. Default ``'cg'``.
@@ -83,7 +84,7 @@ class UncertaintyConfig:
         Rank of the Nyström preconditioner. Default 100.
     """
 
-    prior: str = "matern"
+    prior: str = "gprior"
     sampler: str = "cg"
     n_samples: int = 16
     em_steps: int = 6
