@@ -94,7 +94,7 @@ def result_figure(path, result, title: str | None = None) -> Path:
             ax.semilogy(steps, [t["sigma2"] for t in result.em_trace], "k--", lw=1.5, label="σ²")
             ax.legend(fontsize=8)
         ax.set_xlabel("EM step")
-        ax.set_title("prior variances a_b")
+        ax.set_title("prior variances a_b" if width > 1 else "prior variance g")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
