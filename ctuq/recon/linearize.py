@@ -385,7 +385,7 @@ class Linearization:
     # ------------------------------------------------------------------ dense
     def activation_numel(self) -> int:
         """Elements of all intermediate activations of one forward pass (memory estimates)."""
-        if getattr(self, "_act_numel", None) is None:
+        if self._act_numel is None:
             total = [0]
 
             def hook(_mod, _inp, out):

@@ -965,7 +965,7 @@ def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOpt
         # full-batch gradients are exact: stop once every row is well inside tol
         early_stop = options.tol is not None and (batch is None or batch == n_angles)
         stopped_at = n_iter
-        history = [float((m_norm(g_init) / rhs_mnorm).max())] if k + 1 else []
+        history = [float((m_norm(g_init) / rhs_mnorm).max())]
         if early_stop and history[0] <= 0.5 * options.tol:
             stopped_at = n_iter = 0  # a warm start that is already converged
         t1 = time.perf_counter()
