@@ -592,7 +592,7 @@ class FittedPosterior:
             parts.append(z)
             done += m
             emit_progress(progress, stage, done, k, f"{done}/{k} posterior samples")
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+        return torch.cat(parts)
 
     def summary(self) -> dict:
         """Hyperparameters, trace and info, JSON-able (for result files and benchmarks)."""
