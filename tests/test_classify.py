@@ -368,6 +368,99 @@ def test_train_map_dropout_and_errors(tiny):
     assert C.laplace_torch_available() in (True, False)
 
 
+def test_tuned_scale_maximises_validation_likelihood_and_t1_is_the_plain_lla(tiny):
+    x, y, net, clin, exact = tiny
+    prior = C.build_prior(clin, x, "ard", variance=1.0)
+    s = C.sample_sto(clin, x, prior, 32, generator=torch.Generator().manual_seed(3))
+    xv, yv = _toy_data(60, seed=7)
+    fs = C.function_samples(clin, s.z, xv)
+    f = clin.logits(xv)
+    dev = fs.double() - f.double()          # exact in float64
+    # t = 1 is the plain sampled LLA predictive, t = 0 the MAP softmax, exactly
+    torch.testing.assert_close(C.scaled_mc_predictive(f, dev, 1.0), C.mc_predictive(fs),
+                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(C.scaled_mc_predictive(f, dev, 0.0),
+                               torch.softmax(f.double(), -1), rtol=0, atol=1e-12)
+    # the log-sum-exp NLL is the metric's NLL of the scaled predictive
+    for t in (0.0, 0.4, 2.0):
+        assert C.scaled_predictive_nll(f, dev, yv, t) == pytest.approx(
+            M.nll(C.scaled_mc_predictive(f, dev, t), yv), rel=1e-9)
+    tune = C.tune_predictive_scale(f, dev, yv)
+    assert tune["nll_at_1"] == pytest.approx(C.scaled_predictive_nll(f, dev, yv, 1.0))
+    brute = np.linspace(0, 10, 4001)
+    b = [C.scaled_predictive_nll(f, dev, yv, t) for t in brute]
+    assert tune["nll"] <= min(b) + 1e-9
+    assert tune["nll"] == pytest.approx(C.scaled_predictive_nll(f, dev, yv, tune["scale"]))
+
+    # an overconfident predictive (wrong labels at logit margin 6): the optimum is interior
+    g = torch.Generator().manual_seed(0)
+    n = 300
+    yy = torch.randint(0, 3, (n,), generator=g)
+    pred = torch.where(torch.rand(n, generator=g) < 0.7, yy, torch.randint(0, 3, (n,),
+                                                                          generator=g))
+    fm = 6.0 * torch.nn.functional.one_hot(pred, 3).double()
+    d = torch.randn(64, n, 3, generator=g, dtype=torch.float64)
+    tune = C.tune_predictive_scale(fm, d, yy)
+    brute = np.linspace(0, 10, 4001)
+    b = np.array([C.scaled_predictive_nll(fm, d, yy, t) for t in brute])
+    assert 0.5 < tune["scale"] < 9.5 and not tune["at_boundary"]
+    assert tune["nll"] <= b.min() + 1e-9
+    assert abs(tune["scale"] - brute[b.argmin()]) < 0.01
+    # a grid ending below the optimum says so
+    assert C.tune_predictive_scale(fm, d, yy, grid=[0.0, 0.1, 0.2])["at_boundary"]
+    with pytest.raises(InputError):
+        C.tune_predictive_scale(fm, d, yy, grid=[-1.0, 1.0])
+
+
+def test_temperature_scaling_matches_brute_force():
+    g = torch.Generator().manual_seed(1)
+    y = torch.randint(0, 4, (200,), generator=g)
+    f = 5 * torch.nn.functional.one_hot(y, 4).double() + 2.5 * torch.randn(200, 4, generator=g,
+                                                                        dtype=torch.float64)
+    res = C.tune_temperature(f, y)
+    Ts = np.geomspace(0.05, 20, 20001)
+    b = [float(torch.nn.functional.cross_entropy(f / T, y)) for T in Ts]
+    assert res["temperature"] == pytest.approx(Ts[int(np.argmin(b))], rel=2e-3)
+    assert res["val_nll"] <= min(b) + 1e-9 and res["val_nll"] < res["val_nll_at_1"]
+
+
+def test_last_layer_linearisation_and_gaussian_deviations(tiny):
+    x, y, net, clin, exact = tiny
+    ll = C.ClassifierLinearization(net, x, param_filter=C.last_layer_filter(net))
+    assert list(ll.blocks) == ["out"] and ll.num_params == 6 * 3 + 3
+    assert ll.param_names == ["out.weight", "out.bias"]
+    torch.testing.assert_close(ll.logits(x), clin.logits(x))
+    # its Jacobian is the full Jacobian's output-layer columns
+    sl = clin.block_slices["out"]
+    torch.testing.assert_close(ll.jacobian(x[:10]), clin.jacobian(x[:10])[..., sl])
+    # the engine runs on it unchanged: EM agrees with the exact evidence of the subset
+    prior = C.build_prior(ll, x, "ard")
+    em = C.fit_prior(ll, x, prior, em_steps=20, k=32, generator=torch.Generator().manual_seed(2))
+    ref = C.build_prior(ll, x, "ard")
+    opt = C.ExactLLA(ll, x, y).optimize_prior(ref)
+    assert abs(em.variances()[0] / opt["variances"][0] - 1) < 0.15
+    # Gaussian deviations have the requested covariance
+    f, cov = exact.function_covariance(C.build_prior(clin, x, "ard"), x[:4])
+    d = C.gaussian_deviations(cov, 20_000, torch.Generator().manual_seed(0))
+    emp = torch.einsum("snc,snd->ncd", d, d) / d.shape[0]
+    assert float((emp - cov).abs().max()) < 0.05 * float(cov.diagonal(dim1=-2, dim2=-1).max())
+
+
+def test_validation_split_is_stratified_seeded_and_disjoint():
+    from ctuq.recon.classify_bench import validation_split
+
+    y = torch.arange(103) % 5
+    tr, va = validation_split(y, 0.2, seed=3)
+    assert sorted(tr.tolist() + va.tolist()) == list(range(103))
+    assert set(tr.tolist()).isdisjoint(va.tolist())
+    assert [int((y[va] == c).sum()) for c in range(5)] == [4, 4, 4, 4, 4]
+    tr2, va2 = validation_split(y, 0.2, seed=3)
+    assert torch.equal(va, va2) and not torch.equal(va, validation_split(y, 0.2, seed=4)[1])
+    assert validation_split(y, 0.0)[1].numel() == 0
+    with pytest.raises(InputError):
+        validation_split(y, 1.0)
+
+
 # ------------------------------------------------------------------------------ benchmark
 
 
@@ -396,8 +489,17 @@ def test_run_benchmark_smoke():
     assert res.methods["map"].test_probs.shape == (60, 10)
     agg = aggregate([res, res])
     assert agg["map"]["nll"]["std"] == 0.0 and len(agg["map"]["nll"]["values"]) == 2
+    # the validation split comes out of the training set, for every method
+    assert res.dataset["n_train"] + res.dataset["n_val"] == 200 and res.dataset["n_val"] == 20
+    for name in ("lla-sampled-val", "lla-last-layer-val", "lla-exact-val"):
+        ex = res.methods[name].extra
+        assert ex["scale"] >= 0 and ex["val_nll"] <= ex["val_nll_at_1"] + 1e-12
+    assert res.methods["lla-last-layer"].extra["num_params"] == 8 * 10 + 10
+    assert res.methods["map-temp"].extra["temperature"] > 0
     with pytest.raises(InputError):
         run_benchmark(data, "map,bogus", _tiny_config())
+    with pytest.raises(InputError):
+        run_benchmark(data, "map,lla-sampled-val", _tiny_config().with_(val_fraction=0.0))
 
 
 def test_cli_bench_classify(tmp_path, monkeypatch):

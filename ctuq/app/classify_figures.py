@@ -12,13 +12,19 @@ import numpy as np
 
 __all__ = ["draw_reliability", "draw_rotation", "save_benchmark_figures"]
 
-_COLORS = {"map": "#444444", "lla-sampled": "#1f77b4", "lla-sampled-probit": "#17becf",
+_COLORS = {"map": "#444444", "map-temp": "#999999", "lla-sampled": "#1f77b4",
+           "lla-sampled-probit": "#17becf", "lla-last-layer": "#ff7f0e",
            "lla-exact": "#d62728", "lla-exact-probit": "#ff9896", "mc-dropout": "#2ca02c",
            "laplace-torch": "#9467bd"}
 
 
 def _color(name: str) -> str:
-    return _COLORS.get(name, "#8c564b")
+    """A method's colour; a ``-val`` variant shares its base method's (drawn dashed)."""
+    return _COLORS.get(name.removesuffix("-val"), "#8c564b")
+
+
+def _ls(name: str) -> str:
+    return "--" if name.endswith("-val") or name == "map-temp" else "-"
 
 
 def draw_reliability(ax, reliabilities: dict, fg: str = "black") -> None:
@@ -36,7 +42,8 @@ def draw_reliability(ax, reliabilities: dict, fg: str = "black") -> None:
         conf = np.asarray(rel["confidence"], dtype=float)
         acc = np.asarray(rel["accuracy"], dtype=float)
         ok = np.asarray(rel["count"]) > 0
-        ax.plot(conf[ok], acc[ok], marker="o", ms=3, lw=1.2, color=_color(name), label=name)
+        ax.plot(conf[ok], acc[ok], marker="o", ms=3, lw=1.2, color=_color(name), ls=_ls(name),
+                label=name)
         n_bins = rel.get("n_bins", n_bins)
     ax.set_xlabel("confidence")
     ax.set_ylabel("accuracy")
@@ -60,7 +67,8 @@ def draw_rotation(ax_acc, ax_nll, rotations: dict, fg: str = "black") -> None:
         ang = [r["angle"] for r in rows]
         for ax, key in ((ax_acc, "accuracy"), (ax_nll, "nll")):
             val = np.asarray([r[key] for r in rows])
-            ax.plot(ang, val, marker="o", ms=3, lw=1.2, color=_color(name), label=name)
+            ax.plot(ang, val, marker="o", ms=3, lw=1.2, color=_color(name), ls=_ls(name),
+                    label=name)
             if f"{key}_std" in rows[0]:
                 sd = np.asarray([r[f"{key}_std"] for r in rows])
                 ax.fill_between(ang, val - sd, val + sd, color=_color(name), alpha=0.15)

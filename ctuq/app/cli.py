@@ -245,10 +245,14 @@ def bench_classify(
         ood_dir: Path = typer.Option(None, "--ood-dir",
                                      help="Folder with the OOD data set (Fashion-MNIST for "
                                           "MNIST, MNIST for Fashion-MNIST)."),
-        methods: str = typer.Option("map,lla-sampled,lla-exact,mc-dropout",
-                                    help="Comma-separated: map, lla-sampled, "
-                                         "lla-sampled-probit, lla-exact, lla-exact-probit, "
-                                         "mc-dropout, laplace-torch, or 'all'."),
+        methods: str = typer.Option("map,lla-sampled,lla-sampled-val,lla-exact,mc-dropout",
+                                    help="Comma-separated: map, map-temp, lla-sampled, "
+                                         "lla-sampled-val, lla-sampled-probit, "
+                                         "lla-last-layer, lla-last-layer-val, lla-exact, "
+                                         "lla-exact-val, lla-exact-probit, mc-dropout, "
+                                         "laplace-torch, or 'all'. '-val' methods (and "
+                                         "map-temp) tune the predictive scale (temperature) "
+                                         "on the validation split."),
         out: Path = typer.Option(Path("bench_classify_out"), "--out", help="Output folder."),
         model: str = typer.Option("mlp", help="mlp | cnn"),
         prior: str = typer.Option("ard", help="ard (layer-wise) | gprior"),
@@ -256,6 +260,10 @@ def bench_classify(
         epochs: int = typer.Option(150, help="MAP training epochs."),
         n_train: int = typer.Option(None, "--n-train", help="Random training subset size."),
         n_test: int = typer.Option(None, "--n-test", help="Random test subset size."),
+        val_fraction: float = typer.Option(0.1, "--val-fraction",
+                                           help="Share of the training set held out "
+                                                "(seeded, stratified) before training, for "
+                                                "the -val methods and map-temp."),
         threads: int = typer.Option(1, help="torch CPU threads (the small networks run "
                                             "fastest single-threaded; 0 keeps torch's choice).")):
     """Classification benchmark: MAP, linearised Laplace (sampled / exact), MC dropout.
@@ -276,7 +284,8 @@ def bench_classify(
         raise InputError(f"must be comma-separated integers, got {seeds!r}",
                          field="--seeds") from None
     method_list = classify_bench.parse_methods(methods)
-    cfg = classify_bench.BenchConfig(model=model, prior=prior, epochs=epochs)
+    cfg = classify_bench.BenchConfig(model=model, prior=prior, epochs=epochs,
+                                     val_fraction=val_fraction)
     if threads > 0:
         import torch
 

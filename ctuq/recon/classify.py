@@ -55,11 +55,14 @@ Predictive
     Monte Carlo over linearised logits ``f(x, θ̂) + J(x) z_s``
     (:func:`mc_predictive`) or the probit approximation
     ``softmax(f / sqrt(1 + π/8 · diag Σ(x)))`` (:func:`probit_predictive`),
-    ``Σ(x) = J(x) H⁻¹ J(x)ᵀ``.
+    ``Σ(x) = J(x) H⁻¹ J(x)ᵀ``. Optionally the spread is rescaled,
+    ``f + t · J(x) z_s``, with ``t`` tuned on held-out data
+    (:func:`tune_predictive_scale`; covariance ``t² H⁻¹``, no new samples).
 Baselines
     :class:`ExactLLA` (dense float64 full-GGN Laplace, prior by L-BFGS on the
     exact Laplace evidence; models up to a few thousand parameters),
-    :func:`mc_dropout_predict`, and :func:`laplace_torch_available` /
+    :func:`mc_dropout_predict`, temperature scaling (:func:`tune_temperature`)
+    and :func:`laplace_torch_available` /
     :func:`laplace_torch_predict` (laplace-torch, only if it imports).
 """
 
@@ -84,8 +87,10 @@ from ctuq.recon.sampling import NystromPreconditioner
 __all__ = [
     "train_map", "ClassifierLinearization", "lambda_mul", "b_mul", "bt_mul", "build_prior",
     "gprior_for", "STOOptions", "ClassifierSample", "sample_sto", "EMResult", "fit_prior",
-    "linear_mode", "linear_logits",
-    "mc_predictive", "probit_predictive", "gaussian_mc_predictive", "function_samples",
+    "linear_mode", "linear_logits", "last_layer_filter",
+    "mc_predictive", "scaled_mc_predictive", "scaled_predictive_nll", "tune_predictive_scale",
+    "tune_temperature", "gaussian_deviations",
+    "probit_predictive", "gaussian_mc_predictive", "function_samples",
     "sample_function_variance", "ExactLLA", "mc_dropout_predict", "laplace_torch_available",
     "laplace_torch_predict", "PRIORS",
 ]
@@ -170,9 +175,10 @@ def train_map(model: nn.Module, x: Tensor, y: Tensor, *, epochs: int = 150,
 class ClassifierLinearization(Linearization):
     """Jacobian products of a classifier at its MAP weights, for any input batch.
 
-    A :class:`~ctuq.recon.linearize.Linearization` over **all** trainable
-    parameters (``param_filter='all'``, one prior block per layer via the
-    model's ``blocks()``) whose products take the inputs as an argument.
+    A :class:`~ctuq.recon.linearize.Linearization` over all trainable
+    parameters (default ``param_filter='all'``, one prior block per layer via
+    the model's ``blocks()``) or a subset of them, whose products take the
+    inputs as an argument.
 
     Parameters
     ----------
@@ -181,6 +187,10 @@ class ClassifierLinearization(Linearization):
     example_input : Tensor, shape (n, 1, H, W)
         Any input batch of the right shape (only its first image is used to
         fix the layout).
+    param_filter : 'all' or callable, optional
+        Which parameters are linearised (the rest stay fixed at the MAP):
+        ``'all'`` (default) or ``(name, parameter) -> bool``, e.g.
+        :func:`last_layer_filter` for the last-layer Laplace.
     chunk_size : int or None, optional
         Most vectors per ``vmap``-ed product. Default None (all).
     data_chunk : int, optional
@@ -193,9 +203,10 @@ class ClassifierLinearization(Linearization):
         ``C``.
     """
 
-    def __init__(self, model: nn.Module, example_input: Tensor, *,
+    def __init__(self, model: nn.Module, example_input: Tensor, *, param_filter="all",
                  chunk_size: int | None = None, data_chunk: int = 2048):
-        super().__init__(model, example_input[:1], param_filter="all", chunk_size=chunk_size)
+        super().__init__(model, example_input[:1], param_filter=param_filter,
+                         chunk_size=chunk_size)
         self.num_classes = int(self.out_shape[-1])
         self.data_chunk = max(1, int(data_chunk))
 
@@ -237,6 +248,28 @@ class ClassifierLinearization(Linearization):
             xi = x[i:i + max(1, self.data_chunk // 8)].to(self.device, dtype)
             outs.append(jacrev(self._fn(xi, fixed))(th).detach())
         return torch.cat(outs)
+
+
+def last_layer_filter(model: nn.Module):
+    """``param_filter`` selecting the parameters of the model's last prior block.
+
+    With the classifiers of :mod:`ctuq.models.classifiers` that is the output
+    layer's weight and bias (block ``'out'``): the last-layer Laplace, whose
+    Jacobian is the penultimate features ``φ(x)`` (``J(x) = I_C ⊗ [φ(x)ᵀ, 1]``).
+
+    Parameters
+    ----------
+    model : nn.Module
+
+    Returns
+    -------
+    callable
+        ``(name, parameter) -> bool`` for :class:`ClassifierLinearization`.
+    """
+    from ctuq.recon.linearize import select_parameters
+
+    last = set(list(select_parameters(model, "all").values())[-1])
+    return lambda name, _p: name in last
 
 
 def lambda_mul(p: Tensor, r: Tensor) -> Tensor:
@@ -827,6 +860,98 @@ def mc_predictive(logit_samples: Tensor) -> Tensor:
     return torch.softmax(logit_samples.double(), -1).mean(0)
 
 
+def scaled_mc_predictive(f_mean: Tensor, deviations: Tensor, scale: float) -> Tensor:
+    """``mean_s softmax(f + t · d_s)``: the MC predictive with the spread scaled by ``t``.
+
+    Parameters
+    ----------
+    f_mean : Tensor, shape (n, C)
+        The predictive mean logits (``f(x, θ̂)``, or the linear-model mode's).
+    deviations : Tensor, shape (S, n, C)
+        Zero-mean function-space draws ``J(x) z_s`` (exact Gaussian draws work too).
+    scale : float
+        ``t``; ``t = 1`` is :func:`mc_predictive` of ``f + d_s``, ``t = 0`` the
+        plug-in softmax of ``f``.
+
+    Returns
+    -------
+    Tensor, shape (n, C), float64
+    """
+    return mc_predictive(f_mean.double().unsqueeze(0) + float(scale) * deviations.double())
+
+
+def scaled_predictive_nll(f_mean: Tensor, deviations: Tensor, y: Tensor, scale: float) -> float:
+    """Mean NLL of :func:`scaled_mc_predictive` at labels ``y`` (log-sum-exp, no clipping)."""
+    logp = torch.log_softmax(f_mean.double().unsqueeze(0) + float(scale) * deviations.double(),
+                             -1)                                          # [S, n, C]
+    idx = y.to(logp.device).long().reshape(1, -1, 1).expand(logp.shape[0], -1, 1)
+    ll = torch.logsumexp(logp.gather(-1, idx)[..., 0], 0) - math.log(logp.shape[0])
+    return float(-ll.mean())
+
+
+def tune_predictive_scale(f_mean: Tensor, deviations: Tensor, y: Tensor, *, grid=None,
+                          refine_iters: int = 40) -> dict:
+    """The scale ``t`` of the function-space spread that maximises held-out likelihood.
+
+    Minimises ``NLL(t) = −mean_n log mean_s softmax(f_n + t · d_{s,n})_{y_n}`` on a
+    validation set over ``t ≥ 0``: a grid, then golden-section search between
+    the neighbours of the best grid point. With ``d_s = J(x) z_s`` and
+    ``z_s ~ N(0, H⁻¹)`` the tuned predictive is the linearised Laplace
+    predictive with the posterior covariance ``t² H⁻¹`` (a tempered posterior,
+    temperature ``t²``: likelihood and prior precision both divided by
+    ``t²``), so rescaling needs no new samples and is exact for the given
+    draws. The same draws must be used at test time
+    (:func:`scaled_mc_predictive`).
+
+    Parameters
+    ----------
+    f_mean : Tensor, shape (n, C)
+        Validation mean logits.
+    deviations : Tensor, shape (S, n, C)
+        Validation function-space draws ``J(x) z_s``.
+    y : Tensor, shape (n,)
+        Validation labels.
+    grid : sequence of float, optional
+        Candidate scales (non-negative). Default ``0`` and 61 log-spaced
+        values in ``[0.01, 10]``.
+    refine_iters : int, optional
+        Golden-section steps. Default 40 (bracket shrinks by ``0.618⁴⁰``).
+
+    Returns
+    -------
+    dict
+        ``scale`` (``t``), ``nll`` (validation NLL at ``t``), ``nll_at_1``
+        (the untuned predictive's), ``grid``, ``grid_nll`` (lists) and
+        ``at_boundary`` (the best grid point is the largest one: widen the grid).
+    """
+    g = sorted({float(v) for v in (grid if grid is not None else
+                                    [0.0, *torch.logspace(-2, 1, 61).tolist()])})
+    if not g or g[0] < 0:
+        raise InputError(f"scales must be non-negative, got {g[:3]}…", field="grid")
+    nll = lambda t: scaled_predictive_nll(f_mean, deviations, y, t)  # noqa: E731
+    vals = [nll(t) for t in g]
+    i = min(range(len(g)), key=vals.__getitem__)
+    best_t, best = g[i], vals[i]
+    lo, hi = g[max(i - 1, 0)], g[min(i + 1, len(g) - 1)]
+    r = (math.sqrt(5) - 1) / 2
+    a, b = lo + (1 - r) * (hi - lo), lo + r * (hi - lo)
+    fa, fb = nll(a), nll(b)
+    for _ in range(int(refine_iters) if hi > lo else 0):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = lo + (1 - r) * (hi - lo)
+            fa = nll(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + r * (hi - lo)
+            fb = nll(b)
+    for t, v in ((a, fa), (b, fb)):
+        if v < best:
+            best_t, best = t, v
+    return {"scale": float(best_t), "nll": float(best), "nll_at_1": nll(1.0),
+            "grid": g, "grid_nll": vals, "at_boundary": bool(i == len(g) - 1 and len(g) > 1)}
+
+
 def sample_function_variance(logit_samples: Tensor) -> Tensor:
     """Per-class logit variance ``mean_s (J z_s)²`` from zero-mean perturbations, ``[n, C]``.
 
@@ -859,13 +984,65 @@ def gaussian_mc_predictive(f_mean: Tensor, f_cov: Tensor, n_samples: int = 1000,
     -------
     Tensor, shape (n, C), float64
     """
-    n, C = f_mean.shape
+    return mc_predictive(f_mean.double().unsqueeze(0)
+                         + gaussian_deviations(f_cov, n_samples, generator))
+
+
+def gaussian_deviations(f_cov: Tensor, n_samples: int = 1000,
+                        generator: torch.Generator | None = None) -> Tensor:
+    """Zero-mean draws ``L_n ε_{s,n}`` (``L_n L_nᵀ = f_cov_n``), ``[S, n, C]`` float64.
+
+    The deviations of :func:`gaussian_mc_predictive`; with :func:`tune_predictive_scale`
+    and :func:`scaled_mc_predictive` they give the exact LLA with a tuned scale.
+    """
+    n, C = f_cov.shape[:2]
     cov = f_cov.double()
     jitter = 1e-10 * cov.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-30)
     L = torch.linalg.cholesky(cov + jitter[:, None, None] * torch.eye(C, dtype=cov.dtype))
     eps = torch.randn(n_samples, n, C, generator=generator, dtype=torch.float64)
-    f = f_mean.double().unsqueeze(0) + torch.einsum("ncd,snd->snc", L, eps)
-    return torch.softmax(f, -1).mean(0)
+    return torch.einsum("ncd,snd->snc", L, eps)
+
+
+def tune_temperature(logits: Tensor, y: Tensor, *, bounds: tuple = (0.05, 20.0),
+                     iters: int = 60) -> dict:
+    """Temperature scaling: ``T`` minimising the validation NLL of ``softmax(f / T)``.
+
+    Golden-section search over ``log T`` in ``bounds`` (the NLL is convex in
+    ``1/T``, so unimodal).
+
+    Parameters
+    ----------
+    logits : Tensor, shape (n, C)
+        Validation logits.
+    y : Tensor, shape (n,)
+    bounds : (float, float), optional
+        Default (0.05, 20).
+    iters : int, optional
+        Default 60.
+
+    Returns
+    -------
+    dict
+        ``temperature``, ``val_nll`` (at ``T``), ``val_nll_at_1``.
+    """
+    f = logits.double()
+    y = y.to(f.device).long()
+    nll = lambda lt: float(nn.functional.cross_entropy(f / math.exp(lt), y))  # noqa: E731
+    lo, hi = math.log(bounds[0]), math.log(bounds[1])
+    r = (math.sqrt(5) - 1) / 2
+    a, b = lo + (1 - r) * (hi - lo), lo + r * (hi - lo)
+    fa, fb = nll(a), nll(b)
+    for _ in range(int(iters)):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = lo + (1 - r) * (hi - lo)
+            fa = nll(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + r * (hi - lo)
+            fb = nll(b)
+    lt = a if fa <= fb else b
+    return {"temperature": math.exp(lt), "val_nll": min(fa, fb), "val_nll_at_1": nll(0.0)}
 
 
 # ------------------------------------------------------------------------------

@@ -5,24 +5,40 @@ requested method on the test set, the OOD set and the rotated test sets:
 
 =======================  ==========================================================
 ``map``                  the trained network's softmax
+``map-temp``             the same logits divided by a temperature ``T`` tuned on the
+                         validation split (temperature scaling)
 ``lla-sampled``          linearised Laplace, prior by MacKay/EM with STO samples
                          (:func:`ctuq.recon.classify.fit_prior`), predictive by
                          Monte Carlo over ``predictive_samples`` linearised-logit samples
+``lla-sampled-val``      the same samples, the function-space spread ``J z`` scaled by
+                         ``t`` tuned on the validation split
+                         (:func:`ctuq.recon.classify.tune_predictive_scale`): logits
+                         ``f + t·J z``, i.e. the posterior covariance ``t² H⁻¹``
 ``lla-sampled-probit``   the same samples, probit predictive (sample variances)
+``lla-last-layer``       as ``lla-sampled`` with only the output layer linearised
+                         (:func:`ctuq.recon.classify.last_layer_filter`; one prior block)
+``lla-last-layer-val``   the last-layer LLA with ``t`` tuned on the validation split
 ``lla-exact``            dense float64 full-GGN Laplace, prior by L-BFGS on the exact
                          Laplace evidence, MC predictive over the exact Gaussian
                          (1000 draws per input)
+``lla-exact-val``        the exact LLA's draws with ``t`` tuned on the validation split
 ``lla-exact-probit``     the same, probit predictive (exact variances)
 ``mc-dropout``           a second network with dropout, ``mc_dropout_samples`` passes
 ``laplace-torch``        laplace-torch's full-GGN Laplace (only if it imports)
 =======================  ==========================================================
 
+Validation split: with ``val_fraction > 0`` (default 0.1) a seeded, stratified
+part of the *training* set is held out before MAP training
+(:func:`validation_split`) for every method, so that all methods share one
+network; only the ``-val`` methods and ``map-temp`` look at it. The test set
+is never used for tuning.
+
 Metrics (:mod:`ctuq.recon.classify_metrics`): accuracy, NLL, ECE
 (``ece_bins`` equal-width bins, default 15), Brier, OOD AUROC from max-softmax
 confidence, accuracy and NLL per rotation angle. Wall times: ``seconds`` per
 method excludes the shared MAP training (reported as ``train_seconds``);
-both LLA variants share one EM fit and one set of samples (their ``seconds``
-is that fit plus their own predictive).
+the variants of one LLA share one EM fit and one set of samples (their
+``seconds`` is that fit plus their own tuning and predictive).
 
 :func:`aggregate` turns several seeds into mean ± std.
 """
@@ -45,13 +61,51 @@ from ctuq.recon.progress import check_cancel, emit_progress
 
 __all__ = ["BenchConfig", "MethodResult", "BenchResult", "run_benchmark", "aggregate",
            "METHODS", "DEFAULT_METHODS", "parse_methods", "run_seeds", "pooled_reliability",
-           "rotation_rows", "benchmark_document"]
+           "rotation_rows", "benchmark_document", "validation_split", "VAL_METHODS"]
 
 log = logging.getLogger(__name__)
 
-METHODS = ("map", "lla-sampled", "lla-sampled-probit", "lla-exact", "lla-exact-probit",
-           "mc-dropout", "laplace-torch")
-DEFAULT_METHODS = ("map", "lla-sampled", "lla-exact", "mc-dropout")
+METHODS = ("map", "map-temp", "lla-sampled", "lla-sampled-val", "lla-sampled-probit",
+           "lla-last-layer", "lla-last-layer-val", "lla-exact", "lla-exact-val",
+           "lla-exact-probit", "mc-dropout", "laplace-torch")
+DEFAULT_METHODS = ("map", "lla-sampled", "lla-sampled-val", "lla-exact", "mc-dropout")
+#: Methods that tune something on the validation split.
+VAL_METHODS = ("map-temp", "lla-sampled-val", "lla-last-layer-val", "lla-exact-val")
+
+
+def validation_split(y, fraction: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded, stratified split of training indices into (train, validation).
+
+    Parameters
+    ----------
+    y : Tensor or ndarray, shape (N,)
+        Training labels.
+    fraction : float
+        Share held out for validation, in ``[0, 1)``; per class
+        ``round(fraction · N_c)`` images (at least one of every class with two
+        or more images when ``fraction > 0``).
+    seed : int, optional
+
+    Returns
+    -------
+    (Tensor, Tensor)
+        Sorted ``int64`` index tensors; disjoint, together ``0 … N−1``.
+    """
+    fraction = float(fraction)
+    if not 0.0 <= fraction < 1.0:
+        raise InputError(f"must be in [0, 1), got {fraction!r}", field="val_fraction")
+    y = np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y)
+    rng = np.random.default_rng(int(seed) + 7919)
+    val = []
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        m = int(round(fraction * idx.size))
+        if fraction > 0 and idx.size > 1:
+            m = min(max(m, 1), idx.size - 1)
+        val.extend(rng.permutation(idx)[:m].tolist())
+    val_set = set(val)
+    train = [i for i in range(y.size) if i not in val_set]
+    return torch.as_tensor(train, dtype=torch.long), torch.as_tensor(sorted(val), dtype=torch.long)
 
 
 def parse_methods(methods) -> tuple[str, ...]:
@@ -108,6 +162,10 @@ class BenchConfig:
         Default 15.
     angles : tuple of float
         Rotation angles in degrees. Default 0, 30, …, 180.
+    val_fraction : float
+        Share of the training set held out (seeded, stratified) for the ``-val``
+        methods and ``map-temp``, before MAP training, for all methods. 0: no
+        split (those methods are then an error). Default 0.1.
     """
 
     model: str = "mlp"
@@ -130,8 +188,12 @@ class BenchConfig:
     mc_dropout_samples: int = 100
     ece_bins: int = 15
     angles: tuple = tuple(float(a) for a in DEFAULT_ANGLES)
+    val_fraction: float = 0.1
 
     def __post_init__(self):
+        if not 0.0 <= float(self.val_fraction) < 1.0:
+            raise InputError(f"must be in [0, 1), got {self.val_fraction!r}",
+                             field="val_fraction")
         if self.prior not in C.PRIORS:
             raise InputError(f"must be one of {', '.join(C.PRIORS)}, got {self.prior!r}",
                              field="prior")
@@ -281,6 +343,16 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
     methods = parse_methods(methods)
     if isinstance(data, str):
         data = load_classification(data, data_dir, seed=seed)
+    x_val = y_val = None
+    if cfg.val_fraction > 0:
+        tr_idx, va_idx = validation_split(data.y_train, cfg.val_fraction, seed)
+        x_val, y_val = data.x_train[va_idx], data.y_train[va_idx]
+        data = replace(data, x_train=data.x_train[tr_idx], y_train=data.y_train[tr_idx],
+                       info={**data.info, "n_val": int(va_idx.numel()),
+                             "val_fraction": float(cfg.val_fraction)})
+    elif any(m in VAL_METHODS for m in methods):
+        raise InputError(f"{', '.join(m for m in methods if m in VAL_METHODS)} need a "
+                         "validation split (val_fraction > 0)", field="val_fraction")
     gen = torch.Generator().manual_seed(int(seed) + 1)
     kw = {"hidden": tuple(cfg.hidden), "channels": tuple(cfg.channels)}
     net = build_classifier(cfg.model, data.image_shape, data.num_classes, seed=seed, **kw)
@@ -305,42 +377,70 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
         out[name] = res
         step(name)
 
+    def tuned(mean, dev, setup, extra):
+        """Tune ``t`` on the validation split; (predict, seconds, extra) of the scaled LLA."""
+        t0 = time.perf_counter()
+        tune = C.tune_predictive_scale(mean(x_val), dev(x_val), y_val)
+        t = tune["scale"]
+        if tune["at_boundary"]:
+            log.warning("the tuned predictive scale %.3g is at the grid's end", t)
+        ex = dict(extra, scale=t, val_nll=tune["nll"], val_nll_at_1=tune["nll_at_1"],
+                  n_val=int(y_val.numel()), scale_at_boundary=tune["at_boundary"])
+        return (lambda x: C.scaled_mc_predictive(mean(x), dev(x), t),
+                setup + time.perf_counter() - t0, ex)
+
     if "map" in methods:
         timed("map", lambda x: clin.probs(x).double())
-
-    sampled = [m for m in methods if m.startswith("lla-sampled")]
-    if sampled:
+    if "map-temp" in methods:
         t0 = time.perf_counter()
-        probs_train = clin.probs(data.x_train)
-        prior = C.build_prior(clin, data.x_train, cfg.prior, probs=probs_train,
+        temp = C.tune_temperature(clin.logits(x_val), y_val)
+        timed("map-temp", lambda x: torch.softmax(clin.logits(x).double() / temp["temperature"],
+                                                  -1),
+              time.perf_counter() - t0, dict(temp, n_val=int(y_val.numel())))
+
+    for fam, filt in (("lla-sampled", "all"), ("lla-last-layer", C.last_layer_filter(net))):
+        wanted = [m for m in methods if m == fam or m.startswith(fam + "-")]
+        if not wanted:
+            continue
+        t0 = time.perf_counter()
+        lin = clin if filt == "all" else C.ClassifierLinearization(net, data.x_train,
+                                                                   param_filter=filt)
+        probs_train = lin.probs(data.x_train)
+        prior = C.build_prior(lin, data.x_train, cfg.prior, probs=probs_train,
                               generator=gen) if cfg.prior == "gprior" else \
-            C.build_prior(clin, data.x_train, cfg.prior)
-        em = C.fit_prior(clin, data.x_train, prior, em_steps=cfg.em_steps, k=cfg.em_samples,
+            C.build_prior(lin, data.x_train, cfg.prior)
+        em = C.fit_prior(lin, data.x_train, prior, em_steps=cfg.em_steps, k=cfg.em_samples,
                          update=cfg.em_update, probs=probs_train, options=cfg.sto,
                          generator=gen, mode=cfg.lla_mode, y=data.y_train,
                          progress=progress, cancel=cancel)
         if em.probs is not None:
             probs_train = em.probs
-        sample = C.sample_sto(clin, data.x_train, prior, cfg.predictive_samples,
+        sample = C.sample_sto(lin, data.x_train, prior, cfg.predictive_samples,
                               probs=probs_train, options=cfg.sto, generator=gen,
                               progress=progress, cancel=cancel)
-        shift = torch.zeros_like(clin.theta_hat) if em.theta_star is None else \
-            em.theta_star - clin.theta_hat
+        shift = torch.zeros_like(lin.theta_hat) if em.theta_star is None else \
+            em.theta_star - lin.theta_hat
         setup = time.perf_counter() - t0
         extra = {"variances": em.variances(), "blocks": list(prior.block_names),
-                 "mode": cfg.lla_mode,
+                 "num_params": lin.num_params, "mode": cfg.lla_mode,
                  "em_trace": em.trace, "em_seconds": em.seconds,
                  "sto_iterations": sample.info["iterations"],
                  "sto_max_residual": float(sample.info["residuals"].max())}
-        fs = _cached(lambda x: C.function_samples(clin, sample.z + shift, x))
-        mean_logits = _cached(lambda x: C.function_samples(clin, shift.reshape(1, -1), x)[0])
-        if "lla-sampled" in methods:
-            timed("lla-sampled", lambda x: C.mc_predictive(fs(x)), setup, extra)
-        if "lla-sampled-probit" in methods:
-            def probit(x):
+        fs = _cached(lambda x, lin=lin, z=sample.z + shift: C.function_samples(lin, z, x))
+        mean_logits = _cached(lambda x, lin=lin, sh=shift.reshape(1, -1):
+                              C.function_samples(lin, sh, x)[0])
+        # in float64 (float32 differences are exact there): t = 1 is the plain LLA bit for bit
+        dev = _cached(lambda x, fs=fs, mean_logits=mean_logits:
+                      fs(x).double() - mean_logits(x).double())
+        if fam in methods:
+            timed(fam, lambda x, fs=fs: C.mc_predictive(fs(x)), setup, extra)
+        if fam + "-val" in methods:
+            timed(fam + "-val", *tuned(mean_logits, dev, setup, extra))
+        if fam + "-probit" in methods:
+            def probit(x, fs=fs, mean_logits=mean_logits):
                 f = mean_logits(x)
                 return C.probit_predictive(f, C.sample_function_variance(fs(x) - f))
-            timed("lla-sampled-probit", probit, setup, extra)
+            timed(fam + "-probit", probit, setup, extra)
 
     exact = [m for m in methods if m.startswith("lla-exact")]
     if exact and clin.num_params > cfg.max_exact_params:
@@ -362,6 +462,10 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
         if "lla-exact" in methods:
             timed("lla-exact", lambda x: C.gaussian_mc_predictive(
                 *fc(x), cfg.exact_mc_samples, gen), setup, extra)
+        if "lla-exact-val" in methods:
+            draws = _cached(lambda x: C.gaussian_deviations(fc(x)[1], cfg.exact_mc_samples,
+                                                            gen))
+            timed("lla-exact-val", *tuned(lambda x: fc(x)[0], draws, setup, extra))
         if "lla-exact-probit" in methods:
             timed("lla-exact-probit", lambda x: C.probit_predictive(
                 fc(x)[0], fc(x)[1].diagonal(dim1=-2, dim2=-1)), setup, extra)
