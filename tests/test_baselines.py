@@ -84,3 +84,31 @@ def test_fbp_and_tv_psnr_on_shepp_logan_128():
     tv = baselines.tv_reconstruction(y, op, noise_std=sigma, iterations=1000).numpy()
     assert peak_signal_noise_ratio(x, fbp, data_range=1) >= 24.0
     assert peak_signal_noise_ratio(x, tv, data_range=1) >= 34.0
+
+
+def test_fbp_variance_propagates_noise_like_the_dense_fbp():
+    op = RayTransform(Geometry.parallel(12, 10))
+    m = int(np.prod(op.range_shape))
+    units = torch.eye(m).reshape(m, *op.range_shape)
+    F = baselines.fbp_reconstruction(units, op).reshape(m, -1).double()  # FBP is linear
+    sigma = 0.2
+    exact = sigma**2 * F.square().sum(0).reshape(op.domain_shape)
+    y = torch.zeros(op.range_shape)
+    _, var, info = baselines.fbp_variance(y, op, sigma, n_draws=4000, fbp=torch.zeros(12, 12))
+    assert info["residual_image_variance"] == 0.0  # the residual is pure noise-free zero
+    rel = (var / exact - 1).abs()
+    assert float(rel.median()) < 0.06  # Monte-Carlo error ≈ sqrt(2/4000) = 2 %
+    assert info["noise_variance_mean"] == pytest.approx(float(exact.mean()), rel=0.03)
+
+
+def test_fbp_variance_recovers_an_iid_image_error_from_the_residual():
+    op = RayTransform(Geometry.parallel(24, 30))
+    x = torch.as_tensor(shepp_logan(24))
+    gen = torch.Generator().manual_seed(3)
+    sigma, s = 0.01, 0.05
+    y = op.A(x) + sigma * torch.randn(op.range_shape, generator=gen)
+    off = x + s * torch.randn(x.shape, generator=gen)
+    _, _, info = baselines.fbp_variance(y, op, sigma, fbp=off)
+    assert info["residual_image_variance"] == pytest.approx(s**2, rel=0.2)
+    _, _, exact_fit = baselines.fbp_variance(y, op, sigma, fbp=x)
+    assert exact_fit["residual_image_variance"] < 0.05 * s**2

@@ -138,6 +138,7 @@ def test_spearman_of_std_with_error():
     err = torch.linspace(-1, 1, 50)
     assert spearman_std_error(err.abs() + 1, err) == pytest.approx(1.0)
     assert spearman_std_error(-err.abs(), err) == pytest.approx(-1.0)
+    assert math.isnan(spearman_std_error(torch.ones_like(err), err))  # fixed variance: undefined
 
 
 def test_summary_has_every_metric():

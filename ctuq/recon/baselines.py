@@ -57,6 +57,57 @@ def fbp_reconstruction(y, op: RayTransform, filter_type: str = "Hann",
     return op.fbp(y, filter_type=filter_type, frequency_scaling=frequency_scaling)
 
 
+def fbp_variance(y, op: RayTransform, noise_std: float, *, n_draws: int = 128,
+                 seed: int = 0, fbp=None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """FBP with a per-pixel variance: propagated noise plus a residual-explained term.
+
+    The variance is ``Var[FBP(ε)] + s²``: the first term propagates the
+    measurement noise ``ε ~ N(0, σ² I)`` through the (linear) FBP, estimated
+    from ``n_draws`` noise sinograms; the second is the variance of an iid
+    image error that explains the excess data residual of the FBP, ``r = A
+    x_fbp − y``: such an error adds ``s² ‖A_i‖²`` to measurement ``i``, so
+
+        s² = max(0, mean(r²) − σ²) / mean_i ‖A_i‖²,   mean_i ‖A_i‖² = ‖A‖_F² / m.
+
+    This is the FBP baseline of the uncertainty benchmark
+    (``scripts/bench_uq.py``); it needs no ground truth.
+
+    Parameters
+    ----------
+    y : Tensor or array_like, shape (n_angles, n_detector)
+    op : RayTransform
+    noise_std : float
+        The measurement noise std ``σ``.
+    n_draws : int, optional
+        Noise sinograms for the propagated term. Default 128.
+    seed : int, optional
+        Seed of the noise draws and of the ‖A‖_F probes. Default 0.
+    fbp : Tensor, optional
+        The reconstruction whose residual is used. Default: FBP of ``y``.
+
+    Returns
+    -------
+    x : Tensor, shape (n0, n1)
+        The reconstruction.
+    variance : Tensor, shape (n0, n1), float64
+    info : dict
+        ``noise_variance_mean`` and ``residual_image_variance`` (``s²``).
+    """
+    y = torch.as_tensor(y, dtype=torch.float32, device=op.device)
+    x = fbp_reconstruction(y, op) if fbp is None else torch.as_tensor(fbp).to(y)
+    gen = torch.Generator().manual_seed(seed)
+    eps = float(noise_std) * torch.randn(int(n_draws), *op.range_shape, generator=gen)
+    var_noise = fbp_reconstruction(eps.to(op.device), op).double().var(0)
+    probes = torch.randn(8, *op.range_shape, generator=gen).to(op.device)
+    with torch.no_grad():
+        frob2 = float(op.A_adjoint(probes).double().square().sum() / probes.shape[0])
+        r = op.A(x) - y
+    excess = max(0.0, float(r.double().square().mean()) - float(noise_std) ** 2)
+    s2 = excess * r.numel() / frob2
+    return x, var_noise + s2, {"noise_variance_mean": float(var_noise.mean()),
+                               "residual_image_variance": s2}
+
+
 def rms_column_norm(op: RayTransform, seed: int = 0) -> float:
     """Root-mean-square column norm of ``A`` (one random probe, exact in expectation)."""
     gen = torch.Generator().manual_seed(seed)

@@ -50,7 +50,7 @@ from ctuq.recon.progress import check_cancel, emit_progress
 
 log = logging.getLogger(__name__)
 
-__all__ = ["reconstruct", "reconstruct_file", "ReconstructionConfig"]
+__all__ = ["reconstruct", "reconstruct_file", "posterior_uncertainty", "ReconstructionConfig"]
 
 
 def _noise_std(sinogram: Sinogram, config: ReconstructionConfig, y: torch.Tensor) -> tuple[float, bool]:
@@ -134,10 +134,66 @@ def reconstruct(sinogram: Sinogram, config: ReconstructionConfig | None = None, 
 _PREDICTIVE_BATCH = 32
 
 
-def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, cancel) -> dict:
+def posterior_uncertainty(dip, op: RayTransform, y: torch.Tensor, noise_std: float,
+                          unc: UncertaintyConfig, *, learn_noise: bool, seed: int = 0,
+                          progress: Callable | None = None,
+                          cancel: Callable[[], bool] | None = None) -> dict:
+    """The uncertainty stages after a DIP fit: linearise, sample-based EM, predictive.
+
+    Parameters
+    ----------
+    dip : DIPResult
+        The fitted network (its output is the predictive mean).
+    op : RayTransform
+    y : Tensor, shape (n_angles, n_detector)
+    noise_std : float
+        Known or estimated noise std of ``y`` (the initial ``σ``).
+    unc : UncertaintyConfig
+    learn_noise : bool
+        Update ``σ²`` in the M-step.
+    seed : int
+        Seed of the EM draws (``seed``) and of the predictive draws (``seed + 7``).
+    progress, cancel : callable, optional
+        See :func:`reconstruct`.
+
+    Returns
+    -------
+    dict
+        ``posterior`` (:class:`~ctuq.recon.evidence.FittedPosterior`),
+        ``linearization``, ``image_samples`` (zero-mean, ``[k, H, W]``),
+        ``variance`` and ``std`` (``[H, W]``) and ``timings`` (seconds of
+        ``em`` and ``predictive``).
+    """
     from ctuq.recon import predictive
     from ctuq.recon.evidence import EvidenceConfig, fit_posterior
     from ctuq.recon.linearize import Linearization
+
+    timings = {}
+    t0 = time.perf_counter()
+    lin = Linearization(dip.model, dip.net_input)
+    ev_cfg = EvidenceConfig(**{**_evidence_fields(unc), "learn_noise": bool(learn_noise),
+                               "seed": seed})
+    post = fit_posterior(lin, op, y, noise_var=noise_std**2, config=ev_cfg,
+                         tv_weight=float(dip.config.resolve_tv_weight(y, op, noise_std)),
+                         progress=progress, cancel=cancel)
+    timings["em"] = time.perf_counter() - t0
+    check_cancel(cancel, "reconstruction")
+
+    t0 = time.perf_counter()
+    emit_progress(progress, "predictive", 0, unc.predictive_samples, "posterior samples")
+    gen = torch.Generator().manual_seed(seed + 7)
+    z = post.draw(unc.predictive_samples, generator=gen, batch_size=_PREDICTIVE_BATCH,
+                  progress=progress, cancel=cancel)
+    image_samples = predictive.image_samples(lin, z)  # zero-mean, [k, H, W]
+    variance = image_samples.pow(2).mean(0)
+    emit_progress(progress, "predictive", unc.predictive_samples, unc.predictive_samples, "done")
+    timings["predictive"] = time.perf_counter() - t0
+    return {"posterior": post, "linearization": lin, "image_samples": image_samples,
+            "variance": variance, "std": variance.sqrt(), "timings": timings}
+
+
+def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, cancel) -> dict:
+    from ctuq.recon import predictive
 
     t_start = time.perf_counter()
     geometry = sino.geometry
@@ -159,27 +215,13 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
     timings["dip"] = dip.wall_time
     check_cancel(cancel, "reconstruction")
 
-    t0 = time.perf_counter()
-    lin = Linearization(dip.model, dip.net_input)
-    learn_noise = (not noise_known) if unc.learn_noise is None else unc.learn_noise
-    ev_cfg = EvidenceConfig(**{**_evidence_fields(unc), "learn_noise": learn_noise,
-                               "seed": config.seed})
-    post = fit_posterior(lin, op, y, noise_var=noise_std**2, config=ev_cfg,
-                         tv_weight=float(dip.config.resolve_tv_weight(y, op, noise_std)),
-                         progress=progress, cancel=cancel)
-    timings["em"] = time.perf_counter() - t0
-    check_cancel(cancel, "reconstruction")
-
-    t0 = time.perf_counter()
-    emit_progress(progress, "predictive", 0, unc.predictive_samples, "posterior samples")
-    gen = torch.Generator().manual_seed(config.seed + 7)
-    z = post.draw(unc.predictive_samples, generator=gen, batch_size=_PREDICTIVE_BATCH,
-                  progress=progress, cancel=cancel)
-    image_samples = predictive.image_samples(lin, z)  # zero-mean, [k, H, W]
-    variance = image_samples.pow(2).mean(0)
-    std = variance.sqrt()
-    emit_progress(progress, "predictive", unc.predictive_samples, unc.predictive_samples, "done")
-    timings["predictive"] = time.perf_counter() - t0
+    unc_out = posterior_uncertainty(dip, op, y, noise_std, unc, learn_noise=(
+        (not noise_known) if unc.learn_noise is None else unc.learn_noise),
+        seed=config.seed, progress=progress, cancel=cancel)
+    timings.update(unc_out["timings"])
+    post, image_samples = unc_out["posterior"], unc_out["image_samples"]
+    variance, std = unc_out["variance"], unc_out["std"]
+    ev_cfg = post.config
 
     mean = dip.reconstruction.detach()
     metrics = {}

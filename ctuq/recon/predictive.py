@@ -269,10 +269,15 @@ def reliability(truth, mean, std, levels: Sequence[float] = tuple(np.linspace(0.
 
 
 def spearman_std_error(std, err) -> float:
-    """Spearman rank correlation between the std map and |error| (scipy)."""
+    """Spearman rank correlation between the std map and |error| (scipy).
+
+    NaN when either map is constant (a fixed-variance method): undefined.
+    """
     from scipy.stats import spearmanr
 
     s, e = _np(std).reshape(-1), np.abs(_np(err)).reshape(-1)
+    if np.ptp(s) == 0 or np.ptp(e) == 0:
+        return float("nan")
     return float(spearmanr(s, e).statistic)
 
 
