@@ -12,7 +12,7 @@ APT_PACKAGES := xvfb xauth libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-i
 	libxcb-render-util0 libxcb-xinerama0 libxcb-xkb1 libxcb-shape0 libxcb-randr0 \
 	libxkbcommon-x11-0 libegl1 libgl1 libfontconfig1 libdbus-1-3 libglib2.0-0
 
-.PHONY: test demo install apt-deps bench clean
+.PHONY: test demo install apt-deps bench bench-uq clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/bench_operators.py
+
+# Uncertainty quality and speed (issue 10): docs/benchmarks.md, docs/bench_uq*.png and
+# docs/bench_uq.json; about 2 h on 2 CPU cores. Finished quality cases are cached in
+# bench_uq_cases.jsonl, so an interrupted run resumes where it stopped.
+bench-uq: $(STAMP)
+	$(PY) scripts/bench_uq.py --partial bench_uq_cases.jsonl --docs docs > docs/bench_uq.json
 
 clean:
 	rm -rf $(VENV) demo_out .pytest_cache .hypothesis
