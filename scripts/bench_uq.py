@@ -69,7 +69,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_sampling import _machine, _median_s, _sync  # same folder: scripts/
+from bench_evidence import _clean  # same folder: scripts/
+from bench_sampling import _machine, _median_s, _sync, components
 
 log = logging.getLogger("bench_uq")
 
@@ -392,15 +393,7 @@ def run_scaling_size(size: int, args, device) -> dict:
     # the CG sampler's overhead against its floor, on a batch of k + 1 right-hand sides
     mb = k + 1
     gen = torch.Generator().manual_seed(12)
-    V = torch.randn(mb, lin.num_params, generator=gen).to(device)
-    U = torch.randn(mb, *lin.image_shape, generator=gen).to(device)
-    S = torch.randn(mb, *op.range_shape, generator=gen).to(device)
-    with torch.no_grad():
-        comp = {"jvp": _median_s(lambda: lin.jvp(V), args.repeats, device),
-                "vjp": _median_s(lambda: lin.vjp(U), args.repeats, device),
-                "A": _median_s(lambda: op.A(U), args.repeats, device),
-                "A_adjoint": _median_s(lambda: op.A_adjoint(S), args.repeats, device)}
-    comp["sum"] = sum(comp.values())
+    comp = components(lin, op, mb, args.repeats, device, gen)
     s2 = float(post.noise_var)
     kern = ObservationKernel(lin, op, post.prior, s2)
     pc = post.sample_state.state.preconditioner
@@ -438,20 +431,6 @@ def run_scaling(args) -> dict:
 
 # ------------------------------------------------------------------------------
 # output
-
-
-def _clean(o):
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    if isinstance(o, (torch.Tensor, np.ndarray)):
-        return _clean(o.tolist())
-    if isinstance(o, (float, np.floating)):
-        return float(o) if math.isfinite(o) else None
-    if isinstance(o, np.integer):
-        return int(o)
-    return o
 
 
 def _quiet_loggers():

@@ -74,6 +74,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from scipy.optimize import minimize_scalar
 from torch import Tensor, nn
 from torch.func import jacrev, jvp, vjp
 
@@ -890,11 +891,11 @@ def scaled_predictive_nll(f_mean: Tensor, deviations: Tensor, y: Tensor, scale: 
 
 
 def tune_predictive_scale(f_mean: Tensor, deviations: Tensor, y: Tensor, *, grid=None,
-                          refine_iters: int = 40) -> dict:
+                          xatol: float = 1e-7) -> dict:
     """The scale ``t`` of the function-space spread that maximises held-out likelihood.
 
     Minimises ``NLL(t) = −mean_n log mean_s softmax(f_n + t · d_{s,n})_{y_n}`` on a
-    validation set over ``t ≥ 0``: a grid, then golden-section search between
+    validation set over ``t ≥ 0``: a grid, then a bounded Brent search between
     the neighbours of the best grid point. With ``d_s = J(x) z_s`` and
     ``z_s ~ N(0, H⁻¹)`` the tuned predictive is the linearised Laplace
     predictive with the posterior covariance ``t² H⁻¹`` (a tempered posterior,
@@ -914,8 +915,8 @@ def tune_predictive_scale(f_mean: Tensor, deviations: Tensor, y: Tensor, *, grid
     grid : sequence of float, optional
         Candidate scales (non-negative). Default ``0`` and 61 log-spaced
         values in ``[0.01, 10]``.
-    refine_iters : int, optional
-        Golden-section steps. Default 40 (bracket shrinks by ``0.618⁴⁰``).
+    xatol : float, optional
+        Tolerance on ``t`` of the refinement (scipy's bounded Brent). Default 1e-7.
 
     Returns
     -------
@@ -933,21 +934,11 @@ def tune_predictive_scale(f_mean: Tensor, deviations: Tensor, y: Tensor, *, grid
     i = min(range(len(g)), key=vals.__getitem__)
     best_t, best = g[i], vals[i]
     lo, hi = g[max(i - 1, 0)], g[min(i + 1, len(g) - 1)]
-    r = (math.sqrt(5) - 1) / 2
-    a, b = lo + (1 - r) * (hi - lo), lo + r * (hi - lo)
-    fa, fb = nll(a), nll(b)
-    for _ in range(int(refine_iters) if hi > lo else 0):
-        if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = lo + (1 - r) * (hi - lo)
-            fa = nll(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + r * (hi - lo)
-            fb = nll(b)
-    for t, v in ((a, fa), (b, fb)):
-        if v < best:
-            best_t, best = t, v
+    if hi > lo:  # Brent between the best grid point's neighbours
+        res = minimize_scalar(nll, bounds=(lo, hi), method="bounded",
+                              options={"xatol": float(xatol), "maxiter": 200})
+        if res.fun < best:
+            best_t, best = float(res.x), float(res.fun)
     return {"scale": float(best_t), "nll": float(best), "nll_at_1": nll(1.0),
             "grid": g, "grid_nll": vals, "at_boundary": bool(i == len(g) - 1 and len(g) > 1)}
 
@@ -1004,11 +995,11 @@ def gaussian_deviations(f_cov: Tensor, n_samples: int = 1000,
 
 
 def tune_temperature(logits: Tensor, y: Tensor, *, bounds: tuple = (0.05, 20.0),
-                     iters: int = 60) -> dict:
+                     xatol: float = 1e-8) -> dict:
     """Temperature scaling: ``T`` minimising the validation NLL of ``softmax(f / T)``.
 
-    Golden-section search over ``log T`` in ``bounds`` (the NLL is convex in
-    ``1/T``, so unimodal).
+    Bounded Brent search (scipy) over ``log T`` in ``bounds`` (the NLL is
+    convex in ``1/T``, so unimodal).
 
     Parameters
     ----------
@@ -1017,8 +1008,8 @@ def tune_temperature(logits: Tensor, y: Tensor, *, bounds: tuple = (0.05, 20.0),
     y : Tensor, shape (n,)
     bounds : (float, float), optional
         Default (0.05, 20).
-    iters : int, optional
-        Default 60.
+    xatol : float, optional
+        Tolerance on ``log T``. Default 1e-8.
 
     Returns
     -------
@@ -1028,21 +1019,10 @@ def tune_temperature(logits: Tensor, y: Tensor, *, bounds: tuple = (0.05, 20.0),
     f = logits.double()
     y = y.to(f.device).long()
     nll = lambda lt: float(nn.functional.cross_entropy(f / math.exp(lt), y))  # noqa: E731
-    lo, hi = math.log(bounds[0]), math.log(bounds[1])
-    r = (math.sqrt(5) - 1) / 2
-    a, b = lo + (1 - r) * (hi - lo), lo + r * (hi - lo)
-    fa, fb = nll(a), nll(b)
-    for _ in range(int(iters)):
-        if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = lo + (1 - r) * (hi - lo)
-            fa = nll(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + r * (hi - lo)
-            fb = nll(b)
-    lt = a if fa <= fb else b
-    return {"temperature": math.exp(lt), "val_nll": min(fa, fb), "val_nll_at_1": nll(0.0)}
+    res = minimize_scalar(nll, bounds=(math.log(bounds[0]), math.log(bounds[1])),
+                          method="bounded", options={"xatol": float(xatol), "maxiter": 200})
+    lt = float(res.x)
+    return {"temperature": math.exp(lt), "val_nll": float(res.fun), "val_nll_at_1": nll(0.0)}
 
 
 # ------------------------------------------------------------------------------
