@@ -41,7 +41,7 @@ VJP + A + Aᵀ).
 
 Usage::
 
-    python scripts/bench_uq.py                       # everything (about 2 h on 2 CPU cores)
+    python scripts/bench_uq.py                       # everything (about 3 h on 2 CPU cores)
     python scripts/bench_uq.py --part quality --jobs 2 --partial uq_cases.jsonl
     python scripts/bench_uq.py --part scaling --device cuda
     python scripts/bench_uq.py --quick               # minutes: tiny versions of both parts
@@ -529,13 +529,16 @@ def plots(doc: dict, folder: Path) -> list[str]:
         sets = list(q["summary"].items())
         fig, axes = plt.subplots(1, len(sets), figsize=(4.2 * len(sets), 4.2), squeeze=False)
         nominal = np.linspace(0.05, 0.95, 19)
+        colors = {m: f"C{i}" for i, m in enumerate(METHODS)}  # one colour per method
         for ax, (name, s) in zip(axes[0], sets):
             ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--")
             for meth, r in s["methods"].items():
-                ax.plot(nominal, r["reliability"], marker=".", label=LABELS[meth])
+                ax.plot(nominal, r["reliability"], marker=".", color=colors[meth],
+                        label=LABELS[meth])
             ax.set(title=name, xlabel="nominal coverage", ylabel="observed coverage",
                    xlim=(0, 1), ylim=(0, 1.02))
-        axes[0][0].legend(fontsize=7, loc="lower right")
+        widest = max(range(len(sets)), key=lambda i: len(sets[i][1]["methods"]))
+        axes[0][widest].legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         path = folder / "bench_uq_calibration.png"
         fig.savefig(path, dpi=110)
