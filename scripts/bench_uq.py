@@ -91,7 +91,7 @@ def quality_cases(args) -> list[dict]:
     """The case list: one dict per (phantom, noise level), longest first."""
     cases = []
     for k in range(args.ellipses):
-        cases.append({"id": f"ellipses{args.ellipse_size}_5pct_{k}", "set": "ellipses128_5pct",
+        cases.append({"id": f"ellipses{args.ellipse_size}_5pct_{k}", "set": f"ellipses{args.ellipse_size}_5pct",
                       "phantom": "ellipses", "index": k, "size": args.ellipse_size,
                       "n_angles": 60, "noise": 0.05, "seed": 2000 + k})
     for noise in (0.05, 0.10):

@@ -98,22 +98,25 @@ def fbp_variance(y, op: RayTransform, noise_std: float, *, n_draws: int = 128,
     gen = torch.Generator().manual_seed(seed)
     eps = float(noise_std) * torch.randn(int(n_draws), *op.range_shape, generator=gen)
     var_noise = fbp_reconstruction(eps.to(op.device), op).double().var(0)
-    probes = torch.randn(8, *op.range_shape, generator=gen).to(op.device)
     with torch.no_grad():
-        frob2 = float(op.A_adjoint(probes).double().square().sum() / probes.shape[0])
         r = op.A(x) - y
+    frob2 = x.numel() * rms_column_norm(op, seed, n_probes=8) ** 2  # ‖A‖_F²
     excess = max(0.0, float(r.double().square().mean()) - float(noise_std) ** 2)
     s2 = excess * r.numel() / frob2
     return x, var_noise + s2, {"noise_variance_mean": float(var_noise.mean()),
                                "residual_image_variance": s2}
 
 
-def rms_column_norm(op: RayTransform, seed: int = 0) -> float:
-    """Root-mean-square column norm of ``A`` (one random probe, exact in expectation)."""
+def rms_column_norm(op: RayTransform, seed: int = 0, n_probes: int = 1) -> float:
+    """Root-mean-square column norm of ``A``: ``sqrt(E‖Aᵀε‖² / n)``, ``ε ~ N(0, I)``.
+
+    Exact in expectation; ``n_probes`` random probes (default 1, enough for
+    the TV weight) average the estimate.
+    """
     gen = torch.Generator().manual_seed(seed)
-    eps = torch.randn(op.range_shape, generator=gen).to(op.device)
+    eps = torch.randn(int(n_probes), *op.range_shape, generator=gen).to(op.device)
     with torch.no_grad():
-        back = op.A_adjoint(eps)
+        back = op.A_adjoint(eps if n_probes > 1 else eps[0])
     return float(back.norm() / math.sqrt(back.numel()))
 
 
