@@ -345,8 +345,7 @@ def run_scaling_size(size: int, args, device) -> dict:
     from ctuq.recon.config import ReconstructionConfig
     from ctuq.recon.dip import fit_dip
     from ctuq.recon.pipeline import posterior_uncertainty
-    from ctuq.recon.evidence import _sampler_options
-    from ctuq.recon.sampling import ObservationKernel, batched_cg, sample_posterior
+    from ctuq.recon.sampling import ObservationKernel, batched_cg
 
     n_angles = 20 if size <= 28 else 60
     truth = (phantoms.digits(1, size=size, seed=0)[0] if size <= 28
@@ -385,14 +384,12 @@ def run_scaling_size(size: int, args, device) -> dict:
     # time per posterior sample: a warm draw of k samples (as the pipeline's predictive)
     gen = torch.Generator().manual_seed(11)
     with PeakMemory(device) as mem:
-        t0 = time.perf_counter()  # what FittedPosterior.draw runs, keeping the solver's info
-        draw = sample_posterior(lin, op, post.prior, post.noise_var, post.y, k,
-                                post.config.sampler, generator=gen, warm_start=post.sample_state,
-                                redraw=True, **_sampler_options(post.config))
+        t0 = time.perf_counter()
+        post.draw(k, generator=gen)
         _sync(device)
         t_draw = time.perf_counter() - t0
     res["sample"] = {"time_per_sample_s": t_draw / k, "batch": k,
-                     "cg_iterations": int(draw.info.get("iterations", 0)),
+                     "cg_iterations": int(post.draw_info[0].get("iterations", 0)),
                      "peak_memory_mb": mem.peak_bytes / 2**20}
     res["em"]["cg_iterations_per_e_step"] = [t.get("solver_iterations") for t in post.trace]
     # the CG sampler's overhead against its floor, on a batch of k + 1 right-hand sides
@@ -410,6 +407,13 @@ def run_scaling_size(size: int, args, device) -> dict:
                        max(1, args.repeats // 2), device) / n_it
     res["cg"] = {"components_s": comp, "time_per_iteration_s": t_iter,
                  "overhead_ratio": t_iter / comp["sum"]}
+    # the same products in one batch: what the automatic chunking saves
+    chunk, lin.chunk_size = lin.chunk_size, None
+    one = components(lin, op, mb, max(1, args.repeats // 2), device, gen)
+    lin.chunk_size = chunk
+    res["chunk"] = {"auto_chunk_size": chunk, "activation_numel": lin.activation_numel(),
+                    "jvp_vjp_auto_s": comp["jvp"] + comp["vjp"],
+                    "jvp_vjp_one_batch_s": one["jvp"] + one["vjp"]}
     res["memory_kind"] = mem.kind
     log.info("scaling %d²: %.3f s/sample, overhead %.2f", size,
              res["sample"]["time_per_sample_s"], res["cg"]["overhead_ratio"])
@@ -446,6 +450,13 @@ def _quiet_loggers():
 
 def _f(v, fmt="{:.2f}"):
     return "–" if v is None else fmt.format(v)
+
+
+def _chunk_cell(c: dict | None) -> str:
+    if not c:
+        return "–"
+    return (f"{c['jvp_vjp_auto_s']:.2f} ({c['auto_chunk_size']}) / "
+            f"{c['jvp_vjp_one_batch_s']:.2f}")
 
 
 def markdown(doc: dict) -> str:
@@ -496,17 +507,20 @@ def markdown(doc: dict) -> str:
                   "and that × the preset's iterations; EM: the pipeline's settings with "
                   "TV-PredCP, per E/M step; sample: a warm `draw` after EM (preconditioner "
                   "reused), per sample; overhead: time per CG iteration ÷ one batched "
-                  "JVP + VJP + A + Aᵀ. Peak memory: " + sc["rows"][0].get("memory_kind", "") + ".",
+                  "JVP + VJP + A + Aᵀ; JVP+VJP: one batched JVP + VJP of the CG's batch in "
+                  "chunks of the automatic size (`Linearization(chunk_size='auto')`) against "
+                  "one batch. Peak memory: " + sc["rows"][0].get("memory_kind", "") + ".",
                   "", "| image | preset | d_θ | DIP s/it | DIP (preset) s | EM s/step | "
-                  "s/sample | CG its/draw | CG overhead | peak MB DIP / EM / sample |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "s/sample | CG its/draw | CG overhead | JVP+VJP s: chunked (size) / one batch "
+                  "| peak MB DIP / EM / sample |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sc["rows"]:
             lines.append(
                 f"| {r['image']}² ({r['n_angles']} angles) | {r['preset']} | {r['d_theta']:,} | "
                 f"{r['dip']['time_per_iteration_s']:.3f} | "
                 f"{r['dip']['time_preset_estimate_s']:.0f} | {r['em']['time_per_step_s']:.1f} | "
                 f"{r['sample']['time_per_sample_s']:.3f} | {r['sample']['cg_iterations']} | "
-                f"{r['cg']['overhead_ratio']:.2f} | "
+                f"{r['cg']['overhead_ratio']:.2f} | {_chunk_cell(r.get('chunk'))} | "
                 f"{r['dip']['peak_memory_mb']:.0f} / {r['em']['peak_memory_mb']:.0f} / "
                 f"{r['sample']['peak_memory_mb']:.0f} |")
         if "time_per_sample_slope_64_256" in sc:

@@ -13,6 +13,15 @@ def test_auto_preset_resolves_by_image_size():
     assert isinstance(unc, UncertaintyConfig)
 
 
+def test_preconditioner_rank_grows_with_the_preset_and_yields_to_overrides():
+    cfg = ReconstructionConfig()
+    ranks = [cfg.resolve((n, n))[1].preconditioner_rank for n in (28, 64, 128, 256)]
+    assert ranks == sorted(ranks) and ranks[0] == UncertaintyConfig().preconditioner_rank
+    assert ranks[-1] > ranks[0]
+    mine = ReconstructionConfig(uncertainty={"preconditioner_rank": 7})
+    assert mine.resolve((256, 256))[1].preconditioner_rank == 7
+
+
 def test_overrides_reach_the_stages_and_seed_propagates():
     cfg = ReconstructionConfig(seed=5, dip={"iterations": 7}, uncertainty={"n_samples": 3})
     dip, unc = cfg.resolve((28, 28))

@@ -310,6 +310,9 @@ def test_fit_posterior_api_trace_and_draw(problem):
         ("predictive", 2, 5), ("predictive", 4, 5), ("predictive", 5, 5)]
     zb2 = post.draw(5, generator=torch.Generator().manual_seed(2), batch_size=2)
     assert torch.allclose(zb, zb2, rtol=1e-3, atol=1e-5)
+    # one solver record per batch, from the solves just run
+    assert len(post.draw_info) == 3 and all(i["converged"] for i in post.draw_info)
+    assert all(i["iterations"] >= 1 for i in post.draw_info)
     ratio = float(zb.norm(dim=1).mean() / z.norm(dim=1).mean())
     assert 0.7 < ratio < 1.4  # same distribution as one batch (norms concentrate in d ≫ 1)
     calls = []

@@ -6,7 +6,9 @@ import torch
 
 from ctuq.errors import InputError
 from ctuq.models.unet import build_unet
-from ctuq.recon.linearize import Linearization, dense_ray_matrix, select_parameters
+from ctuq.recon import linearize
+from ctuq.recon.linearize import (Linearization, auto_chunk_size, dense_ray_matrix,
+                                   select_parameters)
 
 from conftest import requires_cuda
 
@@ -108,6 +110,34 @@ def test_chunking_and_loop_fallback_agree(problem, lin):
         assert torch.allclose(other.jvp(v), ref_j, atol=1e-6, rtol=1e-5)
         assert torch.allclose(other.vjp(u), ref_t, atol=1e-6, rtol=1e-5)
     assert lin.jvp(v[:0]).shape == (0, 28, 28)
+
+
+def test_auto_chunk_size_bounds_the_batched_activations(problem, lin, monkeypatch):
+    act = lin.activation_numel()
+    # an independent count: every leaf module's output of one forward pass
+    sizes = []
+    hooks = [m.register_forward_hook(lambda m, i, o: sizes.append(o.numel()))
+             for m in problem.model.modules() if not list(m.children())]
+    with torch.no_grad():
+        problem.model(problem.net_input)
+    for h in hooks:
+        h.remove()
+    assert act == sum(sizes)
+    assert lin.chunk_size == auto_chunk_size(act, "cpu") == linearize.CPU_CHUNK_ELEMENTS // act
+    assert auto_chunk_size(10 * linearize.CPU_CHUNK_ELEMENTS, "cpu") == 1
+    # a budget of 2.5 activations gives chunks of 2, with the products unchanged
+    monkeypatch.setattr(linearize, "CPU_CHUNK_ELEMENTS", int(2.5 * act))
+    small = Linearization(problem.model, problem.net_input)
+    assert small.chunk_size == 2
+    v = torch.randn(5, lin.num_params, generator=torch.Generator().manual_seed(5))
+    u = torch.randn(5, 28, 28, generator=torch.Generator().manual_seed(6))
+    whole = Linearization(problem.model, problem.net_input, chunk_size=None)
+    assert whole.chunk_size is None
+    assert torch.allclose(small.jvp(v), whole.jvp(v), atol=1e-6, rtol=1e-5)
+    assert torch.allclose(small.vjp(u), whole.vjp(u), atol=1e-6, rtol=1e-5)
+    for bad in (0, -2, "big"):
+        with pytest.raises(InputError, match="chunk_size"):
+            Linearization(problem.model, problem.net_input, chunk_size=bad)
 
 
 def test_parameter_filters(problem):

@@ -497,6 +497,9 @@ class FittedPosterior:
         The last E-step's statistics.
     dense_sampler : DenseSampler or None
         With ``sampler='dense'``.
+    draw_info : list of dict
+        The sampler info of each solver call of the latest :meth:`draw`
+        (``iterations``, ``converged``, …; empty for the dense sampler).
     """
 
     lin: Linearization
@@ -512,6 +515,7 @@ class FittedPosterior:
     sample_state: PosteriorSample | None = None
     stats: EStepStats | None = None
     dense_sampler: "DenseSampler | None" = None
+    draw_info: list = field(default_factory=list)
 
     @property
     def block_names(self) -> list[str]:
@@ -579,6 +583,7 @@ class FittedPosterior:
         cfg = self.config
         step = k if batch_size is None else max(1, int(batch_size))
         parts, done = [], 0
+        self.draw_info = []
         while done < k:
             check_cancel(cancel, "posterior sampling")
             m = min(step, k - done)
@@ -586,9 +591,11 @@ class FittedPosterior:
                 z = self.dense_sampler.sample(self.prior, self.noise_var, m, gen).z
             else:
                 # fresh draws; the last E-step's θ* solution and preconditioner carry over
-                z = sample_posterior(self.lin, self.op, self.prior, self.noise_var, self.y, m,
-                                     cfg.sampler, generator=gen, warm_start=self.sample_state,
-                                     redraw=True, cancel=cancel, **_sampler_options(cfg)).z
+                res = sample_posterior(self.lin, self.op, self.prior, self.noise_var, self.y, m,
+                                       cfg.sampler, generator=gen, warm_start=self.sample_state,
+                                       redraw=True, cancel=cancel, **_sampler_options(cfg))
+                z = res.z
+                self.draw_info.append(res.info)
             parts.append(z)
             done += m
             emit_progress(progress, stage, done, k, f"{done}/{k} posterior samples")

@@ -45,9 +45,44 @@ from torch.func import functional_call, jvp, vjp, vmap
 from ctuq.errors import InputError
 
 __all__ = ["ParamSegment", "ParamBlock", "Linearization", "select_parameters",
-           "dense_ray_matrix"]
+           "dense_ray_matrix", "auto_chunk_size", "CPU_CHUNK_ELEMENTS"]
 
 log = logging.getLogger(__name__)
+
+#: Most activation elements (vectors × :meth:`Linearization.activation_numel`)
+#: in one batched product on the CPU. Measured on the 2-core CPU of
+#: docs/benchmarks.md with 2 threads: a batched JVP+VJP costs per vector the
+#: same up to ≈ 1.2e8 elements and about twice as much beyond (dip-256, 9
+#: vectors: 6.2 s in one batch, 3.7 s in chunks of 3, 6.8 s in chunks of 4;
+#: dip-128, 32 vectors: 5.8 s in one batch, 2.8 s in chunks of 12, 5.8 s in
+#: chunks of 16). ``scripts/bench_uq.py --part scaling`` re-measures both.
+CPU_CHUNK_ELEMENTS = 120_000_000
+
+
+def auto_chunk_size(activation_numel: int, device) -> int:
+    """Vectors per batched Jacobian product for a network of this activation size.
+
+    Parameters
+    ----------
+    activation_numel : int
+        Elements of the activations of one forward pass
+        (:meth:`Linearization.activation_numel`).
+    device : torch.device or str
+
+    Returns
+    -------
+    int
+        CPU: ``CPU_CHUNK_ELEMENTS // activation_numel`` (at least 1). CUDA:
+        as many vectors as fit a quarter of the free memory at 16 bytes per
+        activation element and vector (float32 primal, tangent and the
+        saved values of the backward pass), at least 1.
+    """
+    per_vector = max(1, int(activation_numel))
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return max(1, int(free // 4 // (16 * per_vector)))
+    return max(1, CPU_CHUNK_ELEMENTS // per_vector)
 
 
 @dataclass(frozen=True)
@@ -187,10 +222,13 @@ class Linearization:
     param_filter : str or callable, optional
         Which parameters form ``θ`` (see :func:`select_parameters`).
         Default ``'conv_weights'``.
-    chunk_size : int or None, optional
+    chunk_size : int or None or 'auto', optional
         Largest number of vectors pushed through one ``vmap``-ed product;
-        larger batches are processed in chunks to bound memory. None: all at
-        once. Default None.
+        larger batches are processed in chunks. None: all at once.
+        ``'auto'`` (default): on the CPU, as many vectors as keep
+        ``chunk × activation_numel()`` under :data:`CPU_CHUNK_ELEMENTS`; on
+        CUDA, as many as fit a quarter of the free memory (see
+        :func:`auto_chunk_size`).
     vectorize : bool, optional
         Use ``torch.func.vmap`` (default True). If vmap fails for some layer,
         the products fall back to an explicit loop (logged once).
@@ -220,11 +258,14 @@ class Linearization:
     """
 
     def __init__(self, model: nn.Module, net_input: Tensor, param_filter="conv_weights", *,
-                 chunk_size: int | None = None, vectorize: bool = True):
+                 chunk_size: int | str | None = "auto", vectorize: bool = True):
         model.eval()
         self.model = model
         self.net_input = net_input.detach()
-        self.chunk_size = None if chunk_size is None else max(1, int(chunk_size))
+        if chunk_size is not None and chunk_size != "auto" and (
+                isinstance(chunk_size, str) or int(chunk_size) < 1):
+            raise InputError(f"must be a positive integer, None or 'auto', got {chunk_size!r}",
+                             field="chunk_size")
         self._vectorize = bool(vectorize)
 
         groups = select_parameters(model, param_filter)
@@ -257,6 +298,9 @@ class Linearization:
         self.x_hat = out.reshape(self.image_shape)
         self._vjp_fn: Callable | None = None
         self._act_numel: int | None = None
+        self.chunk_size: int | None = (
+            auto_chunk_size(self.activation_numel(), self.device) if chunk_size == "auto"
+            else None if chunk_size is None else int(chunk_size))
         log.info("linearisation: %d parameters in %d blocks (%s), output %s",
                  self.num_params, len(blocks), param_filter if isinstance(param_filter, str)
                  else "custom filter", self.image_shape)
