@@ -45,7 +45,7 @@ bench: $(STAMP)
 	$(PY) scripts/bench_operators.py
 
 # Uncertainty quality and speed (issue 10): docs/benchmarks.md, docs/bench_uq*.png and
-# docs/bench_uq.json; about 3 h on 2 CPU cores. Finished quality cases are cached in
+# docs/bench_uq.json; about 1.5 h on 2 CPU cores (from its parts' times). Finished quality cases are cached in
 # bench_uq_cases.jsonl, so an interrupted run resumes where it stopped.
 bench-uq: $(STAMP)
 	$(PY) scripts/bench_uq.py --partial bench_uq_cases.jsonl --docs docs > docs/bench_uq.json

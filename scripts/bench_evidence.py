@@ -209,6 +209,25 @@ def summarize(cases, prior, ks) -> dict:
     return s
 
 
+def read_cases(path, key: str) -> dict:
+    """Finished cases of an interrupted run: the JSON lines of ``path`` by ``case[key]``."""
+    done = {}
+    if path and os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                c = json.loads(line)
+                done[c[key]] = c
+        log.info("resuming: %d finished cases read from %s", len(done), path)
+    return done
+
+
+def append_case(path, case: dict) -> None:
+    """Append one finished case to the JSON-lines file ``path`` (no-op without a path)."""
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(case) + "\n")
+
+
 def _clean(o):
     """JSON-safe: non-finite floats → None, tensors/arrays → lists."""
     if isinstance(o, dict):
@@ -258,22 +277,14 @@ def main(argv=None) -> int:
     op = RayTransform(Geometry.parallel(28, 20))
     images = digits(n, 28, seed=0)
     t0 = time.perf_counter()
-    done = {}
-    if args.partial and os.path.exists(args.partial):  # resume after an interruption
-        with open(args.partial) as f:
-            for line in f:
-                c = json.loads(line)
-                done[c["index"]] = c
-        log.info("resuming: %d finished cases read from %s", len(done), args.partial)
+    done = read_cases(args.partial, "index")  # resume after an interruption
     cases = []
     for i in range(n):
         if i in done:
             cases.append(done[i])
             continue
         cases.append(run_case(i, images[i], op, args))
-        if args.partial:
-            with open(args.partial, "a") as f:
-                f.write(json.dumps(_clean(cases[-1])) + "\n")
+        append_case(args.partial, _clean(cases[-1]))
     ks = [str(k) for k in args.ks]
     summary = {p: summarize(cases, p, ks) for p in args.priors}
     targets = {p: summary[p].pop("targets") for p in args.priors}

@@ -69,7 +69,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_evidence import _clean  # same folder: scripts/
+from bench_evidence import _clean, append_case, read_cases  # same folder: scripts/
 from bench_sampling import _machine, _median_s, _sync, components
 
 log = logging.getLogger("bench_uq")
@@ -216,21 +216,13 @@ def _worker(case, args):
 
 def run_quality(args) -> dict:
     cases = quality_cases(args)
-    done = {}
-    if args.partial and os.path.exists(args.partial):
-        with open(args.partial) as f:
-            for line in f:
-                c = json.loads(line)
-                done[c["id"]] = c
-        log.info("resuming: %d finished cases read from %s", len(done), args.partial)
+    done = read_cases(args.partial, "id")
     todo = [c for c in cases if c["id"] not in done]
     t0 = time.perf_counter()
 
     def keep(res):
         done[res["id"]] = res
-        if args.partial:
-            with open(args.partial, "a") as f:
-                f.write(json.dumps(res) + "\n")
+        append_case(args.partial, res)
         log.info("finished %s (%d/%d)", res["id"], len(done), len(cases))
 
     if args.jobs > 1 and len(todo) > 1:
