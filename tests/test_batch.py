@@ -78,7 +78,13 @@ def test_corrupt_input_fails_alone(inputs, tmp_path, capsys):
 
 def test_second_run_skips_complete_outputs_and_seed_reproduces(inputs, tmp_path):
     root, paths = inputs
-    first = run_batch(paths[:1], tmp_path / "a", TINY_DICT)
+    events = []
+    first = run_batch(paths[:1], tmp_path / "a", TINY_DICT,
+                      on_progress=lambda *e: events.append(e))
+    # every event is tagged with its file and the stages arrive in pipeline order
+    assert {e[0] for e in events} == {str(paths[0])}
+    stages = list(dict.fromkeys(e[1] for e in events))
+    assert stages.index("dip") < stages.index("em") < stages.index("predictive")
     again = run_batch(paths[:1], tmp_path / "a", TINY_DICT)
     other = run_batch(paths[:1], tmp_path / "b", TINY_DICT)
     assert [o.status for o in first + again + other] == ["done", "skipped", "done"]

@@ -15,6 +15,7 @@ the CLI shows the same bars as a serial run.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -213,14 +214,17 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
 
     if workers is None and scheduler is None:
         for inp, out in pairs:
-            cb = None
-            if on_progress is not None:
-                def cb(stage, step, total, message="", _inp=str(inp)):
-                    on_progress(_inp, stage, step, total, message)
+            cb = None if on_progress is None else functools.partial(_file_progress, on_progress,
+                                                                    str(inp))
             finished(run_one(inp, out, config, overwrite, cb))
     else:
         _run_dask(pairs, config, overwrite, workers, scheduler, retries, on_progress, finished)
     return [outcomes[str(inp)] for inp, _ in pairs]
+
+
+def _file_progress(on_progress, inp: str, stage, step, total, message=""):
+    """A reconstruction's progress callback, tagged with its input file."""
+    on_progress(inp, stage, step, total, message)
 
 
 def _run_dask(pairs, config, overwrite, workers, scheduler, retries, on_progress, finished):
