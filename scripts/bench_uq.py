@@ -41,7 +41,7 @@ VJP + A + Aᵀ).
 
 Usage::
 
-    python scripts/bench_uq.py                       # everything (about 3 h on 2 CPU cores)
+    python scripts/bench_uq.py                       # everything (about 1.5 h on 2 CPU cores)
     python scripts/bench_uq.py --part quality --jobs 2 --partial uq_cases.jsonl
     python scripts/bench_uq.py --part scaling --device cuda
     python scripts/bench_uq.py --quick               # minutes: tiny versions of both parts
@@ -401,8 +401,10 @@ def run_scaling_size(size: int, args, device) -> dict:
                  "overhead_ratio": t_iter / comp["sum"]}
     # the same products in one batch: what the automatic chunking saves
     chunk, lin.chunk_size = lin.chunk_size, None
-    one = components(lin, op, mb, max(1, args.repeats // 2), device, gen)
-    lin.chunk_size = chunk
+    try:
+        one = components(lin, op, mb, max(1, args.repeats // 2), device, gen)
+    finally:
+        lin.chunk_size = chunk
     res["chunk"] = {"auto_chunk_size": chunk, "activation_numel": lin.activation_numel(),
                     "jvp_vjp_auto_s": comp["jvp"] + comp["vjp"],
                     "jvp_vjp_one_batch_s": one["jvp"] + one["vjp"]}

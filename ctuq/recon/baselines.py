@@ -116,7 +116,7 @@ def rms_column_norm(op: RayTransform, seed: int = 0, n_probes: int = 1) -> float
     gen = torch.Generator().manual_seed(seed)
     eps = torch.randn(int(n_probes), *op.range_shape, generator=gen).to(op.device)
     with torch.no_grad():
-        back = op.A_adjoint(eps if n_probes > 1 else eps[0])
+        back = op.A_adjoint(eps)  # [n_probes, H, W]
     return float(back.norm() / math.sqrt(back.numel()))
 
 
