@@ -62,8 +62,9 @@ def metrics(gt: np.ndarray, rec) -> dict:
 
 def tv_objective(y, op, x, weight: float) -> float:
     """``‖A x − y‖² + weight · TV(x)``, the DIP+TV loss evaluated at an image ``x``."""
-    x = torch.as_tensor(np.asarray(x), dtype=torch.float32)[None, None]
-    y = torch.as_tensor(np.asarray(y), dtype=torch.float32)
+    # fit_dip moves op to the fit's device; evaluate there
+    x = torch.as_tensor(x, dtype=torch.float32, device=op.device)[None, None]
+    y = torch.as_tensor(y, dtype=torch.float32, device=op.device)
     with torch.no_grad():
         return float((op(x) - y).square().sum() + weight * total_variation(x).sum())
 
