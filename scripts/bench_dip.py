@@ -41,9 +41,8 @@ from ctuq.data import phantoms
 from ctuq.data.geometry import Geometry
 from ctuq.data.operators import RayTransform
 from ctuq.data.simulate import simulate_sinogram
-from ctuq.recon.baselines import (default_tv_weight, fbp_reconstruction, total_variation,
-                                  tv_reconstruction)
-from ctuq.recon.dip import DIPConfig, fit_dip
+from ctuq.recon.baselines import default_tv_weight, fbp_reconstruction, tv_reconstruction
+from ctuq.recon.dip import DIPConfig, dip_tv_loss, fit_dip
 from ctuq.recon.mc_dropout import fit_mc_dropout
 
 log = logging.getLogger("bench_dip")
@@ -58,15 +57,6 @@ def metrics(gt: np.ndarray, rec) -> dict:
     dr = float(gt.max() - gt.min())
     return {"psnr": float(peak_signal_noise_ratio(gt, rec, data_range=dr)),
             "ssim": float(structural_similarity(gt, rec, data_range=dr))}
-
-
-def tv_objective(y, op, x, weight: float) -> float:
-    """``‖A x − y‖² + weight · TV(x)``, the DIP+TV loss evaluated at an image ``x``."""
-    # fit_dip moves op to the fit's device; evaluate there
-    x = torch.as_tensor(x, dtype=torch.float32, device=op.device)[None, None]
-    y = torch.as_tensor(y, dtype=torch.float32, device=op.device)
-    with torch.no_grad():
-        return float((op(x) - y).square().sum() + weight * total_variation(x).sum())
 
 
 def run_case(name, gt, op, seed, args, dip_overrides):
@@ -91,7 +81,10 @@ def run_case(name, gt, op, seed, args, dip_overrides):
     res = fit_dip(y, op, cfg, noise_std=sigma)
     # The DIP+TV loss is a TV objective; its value at the TV reconstruction says how far
     # the fit is from that objective's minimiser (equal weights: the same problem).
-    tv_obj = tv_objective(y, op, tv, res.tv_weight)
+    with torch.no_grad():  # fit_dip moved op to the fit's device: evaluate there
+        tv_obj = float(dip_tv_loss(
+            torch.as_tensor(tv, dtype=torch.float32, device=op.device)[None, None],
+            torch.as_tensor(y, dtype=torch.float32, device=op.device), op, res.tv_weight)[0])
     case["dip_tv"] = {**metrics(gt, res.reconstruction), "time": res.wall_time,
                       "best_iteration": res.best_iteration, "tv_weight": res.tv_weight,
                       "loss": res.best_loss, "loss_at_tv_reconstruction": tv_obj,
@@ -171,7 +164,6 @@ TIMING_CASES = [
 def timing(threads_list, repeats=20):
     """Median ms of one DIP iteration (U-net forward + A + loss + backward + Adam step)."""
     from ctuq.models.unet import UNetConfig, build_unet, count_parameters
-    from ctuq.recon.dip import total_variation
 
     rows = []
     ops = {}
@@ -192,7 +184,7 @@ def timing(threads_list, repeats=20):
                 t = time.perf_counter()
                 opt.zero_grad()
                 out = net(x)
-                ((op(out) - y).square().sum() + total_variation(out).sum()).backward()
+                dip_tv_loss(out, y, op, 1.0)[0].backward()
                 opt.step()
                 if k >= 2:
                     times.append(time.perf_counter() - t)

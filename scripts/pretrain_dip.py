@@ -31,7 +31,7 @@ from ctuq.data import phantoms
 from ctuq.data.geometry import Geometry
 from ctuq.data.operators import RayTransform
 from ctuq.models.unet import build_unet, preset_name_for_size
-from ctuq.recon.dip import DIPConfig, resolve_device, save_weights, total_variation
+from ctuq.recon.dip import DIPConfig, dip_tv_loss, resolve_device, save_weights
 
 log = logging.getLogger("pretrain_dip")
 
@@ -96,8 +96,7 @@ def main(argv=None):
         else:
             sigma = args.noise * float(op.A(x).abs().mean())
             gamma = dip_cfg.resolve_tv_weight(y[0], op, noise_std=sigma)
-            loss = ((op(out_img) - y).square().sum()
-                    + gamma * total_variation(out_img).sum()) / args.batch
+            loss = dip_tv_loss(out_img, y, op, gamma)[0] / args.batch
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)

@@ -51,6 +51,7 @@ __all__ = [
     "DIPResult",
     "DEFAULTS",
     "fit_dip",
+    "dip_tv_loss",
     "total_variation",
     "save_weights",
     "load_weights",
@@ -393,6 +394,31 @@ def make_net_input(y: Tensor, op, config: DIPConfig, device) -> Tensor:
 # the fit
 
 
+def dip_tv_loss(image: Tensor, y: Tensor, op, tv_weight: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The DIP+TV objective ``‖A x − y‖² + γ · TV(x)`` and its two terms.
+
+    Parameters
+    ----------
+    image : Tensor, shape (..., H, W)
+        ``x``: the network output (``[1, 1, H, W]`` in the fit) or any image.
+    y : Tensor
+        The sinogram, shaped like ``op(image)`` (or broadcastable to it).
+    op : RayTransform
+    tv_weight : float
+        ``γ``.
+
+    Returns
+    -------
+    loss, data_fit, tv : Tensor
+        Scalars: ``data_fit + tv_weight · tv``, the sum-of-squares data
+        term, and the anisotropic TV (:func:`total_variation`, summed over
+        leading axes).
+    """
+    data_fit = (op(image) - y).square().sum()
+    tv = total_variation(image).sum()
+    return data_fit + tv_weight * tv, data_fit, tv
+
+
 def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None = None,
             progress: Callable | None = None,
             cancel: Callable[[], bool] | None = None,
@@ -466,9 +492,7 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
                 raise Cancelled(f"DIP cancelled at iteration {i} of {n_iter}")
             optimizer.zero_grad(set_to_none=True)
             out = model(net_input)
-            data_fit = (op(out) - y_t).square().sum()
-            tv = total_variation(out).sum()
-            loss = data_fit + gamma * tv
+            loss, data_fit, tv = dip_tv_loss(out, y_t, op, gamma)
             loss.backward()
             lv = loss.item()
             hist[:, i] = (lv, data_fit.item(), tv.item())
