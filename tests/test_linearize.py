@@ -70,19 +70,50 @@ def test_dense_jacobian_equals_jvp_and_vjp(lin, J64):
 
 
 def test_jvp_is_the_derivative(lin):
-    # f(θ̃ + h v) − f(θ̃) − h J v = O(h²): the ratio of remainders at h and h/2 is ≈ 4
+    # f(θ̃ + h v) − f(θ̃) − h J v = O(h²) where f is smooth: the ratio of remainders at
+    # h and h/2 is ≈ 4. Two places are not smooth: LeakyReLU kinks, and the ±9
+    # pre-sigmoid clamp, where f is locally constant but the Jacobian passes the
+    # gradient straight through (sigmoid'(±9) times the pre-activation's). So h is
+    # halved until the step crosses no kink and no clamp edge, the remainder is
+    # checked on the unclamped pixels, and the clamped ones against sigmoid'(±9).
     v = torch.randn(lin.num_params, generator=torch.Generator().manual_seed(1)).double()
     lin64 = lin  # products in float64 through the functional call
     theta = lin.theta_hat.double()
     fixed = {k: t.double() for k, t in lin._fixed.items()}
     inp = lin.net_input.double()
+    kinks = [m for m in lin.model.modules() if isinstance(m, torch.nn.LeakyReLU)]
+    assert kinks, "the toy U-net has LeakyReLU activations"
 
-    def f(th):
-        return lin._f_raw(th, fixed, inp).reshape(28, 28)
+    def f(th, pre=False):
+        return torch.func.functional_call(lin.model, lin._params_from(th, fixed), (inp,),
+                                          {"return_pre_sigmoid": pre}).reshape(28, 28)
 
+    def pattern(th):  # LeakyReLU signs and the clamped pixels at th
+        seen = []
+        hooks = [m.register_forward_hook(lambda m, a, o: seen.append(a[0] > 0)) for m in kinks]
+        try:
+            pre = f(th, pre=True)
+        finally:
+            for hk in hooks:
+                hk.remove()
+        return seen + [pre.abs() >= 9.0]
+
+    base = pattern(theta)
+    clamped = base[-1]
+    assert 0 < int(clamped.sum()) < clamped.numel(), "the toy fit has clamped and free pixels"
+    h = 1e-3
+    while not all(torch.equal(a, b) for a, b in zip(base, pattern(theta + h * v))):
+        h /= 2
+    assert h > 1e-6, "no kink-free step found"
     jv = torch.func.jvp(f, (theta,), (v,))[1]
-    rem = [float((f(theta + h * v) - f(theta) - h * jv).norm()) for h in (1e-3, 5e-4)]
+    rem = [float((f(theta + s * v) - f(theta) - s * jv)[~clamped].norm()) for s in (h, h / 2)]
     assert 3.0 < rem[0] / rem[1] < 5.0
+    # clamped pixels: f does not move, the JVP is the straight-through sigmoid'(±9) (J_pre v)
+    assert torch.equal(f(theta + h * v)[clamped], f(theta)[clamped])
+    jv_pre = torch.func.jvp(lambda th: f(th, pre=True), (theta,), (v,))[1]
+    slope = torch.sigmoid(torch.tensor(9.0, dtype=torch.float64)) * torch.sigmoid(
+        torch.tensor(-9.0, dtype=torch.float64))
+    assert torch.allclose(jv[clamped], slope * jv_pre[clamped], rtol=1e-10, atol=0)
     # and the float32 operator agrees with the float64 JVP
     assert _rel(lin64.jvp(v.float()).double(), jv) < 1e-5
 
@@ -135,7 +166,7 @@ def test_auto_chunk_size_bounds_the_batched_activations(problem, lin, monkeypatc
     assert whole.chunk_size is None
     assert torch.allclose(small.jvp(v), whole.jvp(v), atol=1e-6, rtol=1e-5)
     assert torch.allclose(small.vjp(u), whole.vjp(u), atol=1e-6, rtol=1e-5)
-    for bad in (0, -2, "big"):
+    for bad in (0, -2, "big", [4], 2.5, True):
         with pytest.raises(InputError, match="chunk_size"):
             Linearization(problem.model, problem.net_input, chunk_size=bad)
 

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ctuq.errors import InputError
+from ctuq.recon.dip import dip_tv_loss
 from ctuq.recon.linearize import Linearization, dense_ray_matrix
 from ctuq.recon.priors import GaussianPrior
 from ctuq.recon.sampling import linear_target
@@ -371,9 +372,7 @@ def toy_problem(size: int = 28, n_angles: int = 20, *, unet="reference-28",
 def _fit(model, net_input, op, y, opt, steps: int, tv_weight: float) -> None:
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        out = model(net_input)[0, 0]
-        tv = ((out[1:, :] - out[:-1, :]).abs().sum() + (out[:, 1:] - out[:, :-1]).abs().sum())
-        loss = (op.A(out) - y).square().sum() + tv_weight * tv
+        loss = dip_tv_loss(model(net_input)[0, 0], y, op, tv_weight)[0]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

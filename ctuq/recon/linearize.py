@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
@@ -262,8 +263,10 @@ class Linearization:
         model.eval()
         self.model = model
         self.net_input = net_input.detach()
-        if chunk_size is not None and chunk_size != "auto" and (
-                isinstance(chunk_size, str) or int(chunk_size) < 1):
+        auto = isinstance(chunk_size, str) and chunk_size == "auto"
+        if chunk_size is not None and not auto and (
+                isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
+                or chunk_size < 1):
             raise InputError(f"must be a positive integer, None or 'auto', got {chunk_size!r}",
                              field="chunk_size")
         self._vectorize = bool(vectorize)
@@ -299,7 +302,7 @@ class Linearization:
         self._vjp_fn: Callable | None = None
         self._act_numel: int | None = None
         self.chunk_size: int | None = (
-            auto_chunk_size(self.activation_numel(), self.device) if chunk_size == "auto"
+            auto_chunk_size(self.activation_numel(), self.device) if auto
             else None if chunk_size is None else int(chunk_size))
         log.info("linearisation: %d parameters in %d blocks (%s), output %s",
                  self.num_params, len(blocks), param_filter if isinstance(param_filter, str)
