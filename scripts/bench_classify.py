@@ -3,13 +3,17 @@
 MAP (plain and temperature-scaled), linearised Laplace with STO samples and
 MacKay/EM layer-wise ARD (all weights and last layer; predictive spread as
 sampled and with its scale tuned on a validation split of the training set),
-the exact dense full-GGN LLA (prior by exact evidence; as is and scale-tuned),
+the exact dense full-GGN LLA (prior by exact evidence; as is, scale-tuned and,
+on request, with the prior precision tuned on validation),
 and MC dropout, over several seeds (split, initialisation and samples follow
 the seed), mean ± std. Single-threaded (``torch.set_num_threads(1)``).
 
     .venv/bin/python scripts/bench_classify.py --figures docs/ > docs/bench_classify.json
     .venv/bin/python scripts/bench_classify.py --lla-mode linear \
         --methods map,lla-sampled,lla-sampled-val > docs/bench_classify_linear_mode.json
+    .venv/bin/python scripts/bench_classify.py \
+        --methods map,lla-exact,lla-exact-val,lla-exact-prior-val \
+        > docs/bench_classify_prior_val.json
 
 The document holds ``aggregate`` (method → metric → mean/std/values),
 ``checks`` (the issue's targets evaluated on the means, per LLA variant), the

@@ -327,6 +327,47 @@ def test_exact_evidence_matches_brute_force(tiny):
     assert float(exact.gamma(prior)[0]) == pytest.approx(float(g0), rel=1e-6)
 
 
+def test_prior_scale_family_is_the_dense_posterior_for_every_multiplier(tiny):
+    x, y, net, clin, exact = tiny
+    prior = C.build_prior(clin, x, "ard", variance=[0.3, 2.0])
+    W, lam = exact.prior_scale_basis(prior)
+    xv, yv = _toy_data(40, seed=5)
+    f, K = exact.prior_scale_factor(W, xv)
+    J = clin.jacobian(xv, torch.float64).reshape(-1, clin.num_params)
+    torch.testing.assert_close(f, clin.logits(xv).double(), rtol=1e-5, atol=1e-5)
+    for c in (0.05, 1.0, 30.0):
+        # (G + c Σ⁻¹)⁻¹ from the one eigendecomposition against a dense inverse
+        Hc = exact.G + c * (exact.hessian(prior) - exact.G)       # G + c Σ⁻¹
+        cov = (J @ torch.linalg.solve(Hc, J.t())).reshape(40, 3, 40, 3)
+        cov = torch.stack([cov[n, :, n, :] for n in range(40)])
+        torch.testing.assert_close(C.scaled_prior_covariance(K, lam, c), cov, rtol=1e-7,
+                                   atol=1e-10)
+    # c = 1 is the exact LLA's own function-space covariance
+    torch.testing.assert_close(C.scaled_prior_covariance(K, lam, 1.0),
+                               exact.function_covariance(prior, xv)[1], rtol=1e-7, atol=1e-10)
+
+
+def test_tuned_prior_scale_maximises_validation_likelihood(tiny):
+    x, y, net, clin, exact = tiny
+    prior = C.build_prior(clin, x, "ard", variance=1.0)
+    W, lam = exact.prior_scale_basis(prior)
+    xv, _ = _toy_data(60, seed=7)
+    f, K = exact.prior_scale_factor(W, xv)
+    for labels, where in ((f.argmax(-1), "high"),                          # MAP is right
+                          ((f.argmax(-1) + 1) % 3, "low")):                 # MAP is wrong
+        tune = C.tune_prior_scale(f, K, lam, labels, n_samples=200,
+                                  generator=torch.Generator().manual_seed(0))
+        assert tune["nll"] <= min(tune["grid_nll"]) + 1e-12
+        assert tune["nll"] <= tune["nll_at_1"] + 1e-12
+        # labels the MAP gets right favour little spread (large c), wrong ones a wide one
+        assert (tune["scale"] > 1.0) if where == "high" else (tune["scale"] < 1.0)
+    # the grid's largest c winning is reported (the validation set prefers MAP)
+    assert C.tune_prior_scale(f, K, lam, f.argmax(-1), n_samples=50, grid=[0.1, 1.0, 10.0],
+                              generator=torch.Generator().manual_seed(0))["at_boundary"]
+    with pytest.raises(InputError):
+        C.tune_prior_scale(f, K, lam, f.argmax(-1), grid=[0.0, 1.0])
+
+
 def test_linear_mode_is_stationary_and_em_linear_mode_runs(tiny):
     x, y, net, clin, exact = tiny
     prior = C.build_prior(clin, x, "ard", variance=0.5)
@@ -494,6 +535,8 @@ def test_run_benchmark_smoke():
     for name in ("lla-sampled-val", "lla-last-layer-val", "lla-exact-val"):
         ex = res.methods[name].extra
         assert ex["scale"] >= 0 and ex["val_nll"] <= ex["val_nll_at_1"] + 1e-12
+    ex = res.methods["lla-exact-prior-val"].extra
+    assert ex["prior_scale"] > 0 and ex["val_nll"] <= ex["val_nll_at_1"] + 1e-12
     assert res.methods["lla-last-layer"].extra["num_params"] == 8 * 10 + 10
     assert res.methods["map-temp"].extra["temperature"] > 0
     with pytest.raises(InputError):

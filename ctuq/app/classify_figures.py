@@ -20,7 +20,7 @@ _COLORS = {"map": "#444444", "map-temp": "#999999", "lla-sampled": "#1f77b4",
 
 def _color(name: str) -> str:
     """A method's colour; a ``-val`` variant shares its base method's (drawn dashed)."""
-    return _COLORS.get(name.removesuffix("-val"), "#8c564b")
+    return _COLORS.get(name.removesuffix("-val").removesuffix("-prior"), "#8c564b")
 
 
 def _ls(name: str) -> str:

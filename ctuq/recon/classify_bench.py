@@ -23,6 +23,11 @@ requested method on the test set, the OOD set and the rotated test sets:
                          (1000 draws per input)
 ``lla-exact-val``        the exact LLA's draws with ``t`` tuned on the validation split
 ``lla-exact-probit``     the same, probit predictive (exact variances)
+``lla-exact-prior-val``  the exact LLA with every prior precision multiplied by ``c``
+                         tuned on the validation split (the Laplace tutorials' "prior
+                         variance tuned on a validation set";
+                         :func:`ctuq.recon.classify.tune_prior_scale`): posterior
+                         ``(G + c Σ⁻¹)⁻¹``, MC predictive
 ``mc-dropout``           a second network with dropout, ``mc_dropout_samples`` passes
 ``laplace-torch``        laplace-torch's full-GGN Laplace (only if it imports)
 =======================  ==========================================================
@@ -30,7 +35,7 @@ requested method on the test set, the OOD set and the rotated test sets:
 Validation split: with ``val_fraction > 0`` (default 0.1) a seeded, stratified
 part of the *training* set is held out before MAP training
 (:func:`validation_split`) for every method, so that all methods share one
-network; only the ``-val`` methods and ``map-temp`` look at it. The test set
+network; only the ``-val`` methods (``VAL_METHODS``) and ``map-temp`` look at it. The test set
 is never used for tuning.
 
 Metrics (:mod:`ctuq.recon.classify_metrics`): accuracy, NLL, ECE
@@ -67,10 +72,11 @@ log = logging.getLogger(__name__)
 
 METHODS = ("map", "map-temp", "lla-sampled", "lla-sampled-val", "lla-sampled-probit",
            "lla-last-layer", "lla-last-layer-val", "lla-exact", "lla-exact-val",
-           "lla-exact-probit", "mc-dropout", "laplace-torch")
+           "lla-exact-probit", "lla-exact-prior-val", "mc-dropout", "laplace-torch")
 DEFAULT_METHODS = ("map", "lla-sampled", "lla-sampled-val", "lla-exact", "mc-dropout")
 #: Methods that tune something on the validation split.
-VAL_METHODS = ("map-temp", "lla-sampled-val", "lla-last-layer-val", "lla-exact-val")
+VAL_METHODS = ("map-temp", "lla-sampled-val", "lla-last-layer-val", "lla-exact-val",
+               "lla-exact-prior-val")
 
 
 def validation_split(y, fraction: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -469,6 +475,20 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
         if "lla-exact-probit" in methods:
             timed("lla-exact-probit", lambda x: C.probit_predictive(
                 fc(x)[0], fc(x)[1].diagonal(dim1=-2, dim2=-1)), setup, extra)
+        if "lla-exact-prior-val" in methods:
+            t1 = time.perf_counter()
+            W, lam = lla.prior_scale_basis(prior_x)
+            tune = C.tune_prior_scale(*lla.prior_scale_factor(W, x_val), lam, y_val,
+                                      n_samples=cfg.exact_mc_samples, generator=gen)
+            c = tune["scale"]
+
+            def prior_val(x, W=W, lam=lam, c=c):
+                f, K = lla.prior_scale_factor(W, x)
+                return C.gaussian_mc_predictive(f, C.scaled_prior_covariance(K, lam, c),
+                                                cfg.exact_mc_samples, gen)
+            timed("lla-exact-prior-val", prior_val, setup + time.perf_counter() - t1,
+                  dict(extra, prior_scale=c, val_nll=tune["nll"], val_nll_at_1=tune["nll_at_1"],
+                       n_val=int(y_val.numel()), prior_scale_at_boundary=tune["at_boundary"]))
 
     if "mc-dropout" in methods:
         t0 = time.perf_counter()
