@@ -1,4 +1,4 @@
-"""Classification benchmark on scikit-learn's digits: one JSON document on stdout.
+"""Classification benchmark (scikit-learn's digits by default): one JSON document on stdout.
 
 MAP (plain and temperature-scaled), linearised Laplace with STO samples and
 MacKay/EM layer-wise ARD (all weights and last layer; predictive spread as
@@ -60,6 +60,10 @@ def checks(agg: dict, lla: str = "lla-sampled", tie: float = 1e-9) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--dataset", default="digits", help="digits | mnist | fmnist | kmnist")
+    ap.add_argument("--data-dir", default=None, help="folder of the MNIST-like IDX/NPZ files")
+    ap.add_argument("--n-train", type=int, default=None, help="random training subset")
+    ap.add_argument("--n-test", type=int, default=None, help="random test subset")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--prior", default="ard")
@@ -79,7 +83,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     results = []
     for s in seeds:
-        results += B.run_seeds("digits", B.parse_methods(args.methods), cfg, [s])
+        results += B.run_seeds(args.dataset, B.parse_methods(args.methods), cfg, [s],
+                               data_dir=args.data_dir, n_train=args.n_train,
+                               n_test=args.n_test)
         print(f"seed {s} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     doc = B.benchmark_document(results)
     doc["wall_seconds"] = time.perf_counter() - t0
@@ -92,7 +98,7 @@ def main(argv=None) -> int:
 
         save_benchmark_figures(args.figures, B.pooled_reliability(results),
                                B.rotation_rows(doc["aggregate"]),
-                               title=f"digits, {args.model}, {len(seeds)} seeds",
+                               title=f"{args.dataset}, {args.model}, {len(seeds)} seeds",
                                prefix="classification_")
     json.dump(doc, sys.stdout, indent=1)
     print()
