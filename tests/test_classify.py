@@ -555,10 +555,13 @@ def test_cli_bench_classify(tmp_path, monkeypatch):
                                                    if k not in ("epochs",)}))
     rc = cli.main(["bench-classify", "--dataset", "digits", "--methods", "map,lla-sampled",
                    "--out", str(tmp_path), "--seeds", "0", "--n-train", "150",
-                   "--n-test", "40"])
+                   "--n-test", "40", "--train-prior-precision", "10"])
     assert rc == 0
     doc = json.loads((tmp_path / "bench_classify.json").read_text())
     assert set(doc["aggregate"]) == {"map", "lla-sampled"}
+    assert doc["runs"][0]["config"]["train_prior_precision"] == 10.0
+    assert cli.main(["bench-classify", "--train-prior-precision", "-1", "--out",
+                     str(tmp_path)]) == 2
     assert (tmp_path / "reliability.png").stat().st_size > 1000
     assert (tmp_path / "rotation.png").stat().st_size > 1000
     # a missing data set is one clear error line and exit code 2

@@ -200,6 +200,9 @@ class BenchConfig:
         if not 0.0 <= float(self.val_fraction) < 1.0:
             raise InputError(f"must be in [0, 1), got {self.val_fraction!r}",
                              field="val_fraction")
+        if not 0.0 <= float(self.train_prior_precision) < float("inf"):
+            raise InputError(f"must be a finite number >= 0, got {self.train_prior_precision!r}",
+                             field="train_prior_precision")
         if self.prior not in C.PRIORS:
             raise InputError(f"must be one of {', '.join(C.PRIORS)}, got {self.prior!r}",
                              field="prior")
