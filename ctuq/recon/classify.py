@@ -62,8 +62,8 @@ Baselines
     :class:`ExactLLA` (dense float64 full-GGN Laplace, prior by L-BFGS on the
     exact Laplace evidence; models up to a few thousand parameters; with
     :func:`tune_prior_scale` the prior precision multiplied by a ``c`` tuned on
-    held-out data, the Laplace tutorials' recipe), :func:`mc_dropout_predict`, temperature scaling (:func:`tune_temperature`)
-    and :func:`laplace_torch_available` /
+    held-out data, the Laplace tutorials' recipe), :func:`mc_dropout_predict`,
+    temperature scaling (:func:`tune_temperature`) and :func:`laplace_torch_available` /
     :func:`laplace_torch_predict` (laplace-torch, only if it imports).
 """
 
@@ -1162,10 +1162,10 @@ class ExactLLA:
             check_cancel(cancel, "exact GGN")
             xi = x[i:i + step]
             J = clin.jacobian(xi, torch.float64).cpu()  # [n, C, d]
-            p = torch.softmax(self._logits64(xi), -1)
-            BJ = _b_mul_jac(p, J).reshape(-1, d)
+            logits = self._logits64(xi)
+            BJ = _b_mul_jac(torch.softmax(logits, -1), J).reshape(-1, d)
             self.G.addmm_(BJ.t(), BJ)
-            lp = torch.log_softmax(self._logits64(xi), -1)
+            lp = torch.log_softmax(logits, -1)
             log_lik += float(lp[torch.arange(xi.shape[0]), y[i:i + step]].sum())
             emit_progress(progress, "exact", min(i + step, n), n, "GGN")
         self.G = 0.5 * (self.G + self.G.t())
@@ -1173,6 +1173,19 @@ class ExactLLA:
         self.theta = clin.theta_hat.double().cpu()
         self.seconds_ggn = time.perf_counter() - t0
         self._chol: tuple | None = None
+
+    def _jacobian_chunks(self, x: Tensor):
+        """``(f(x_i, θ̂), J(x_i))`` in float64 on the CPU, per chunk of the inputs."""
+        step = max(1, self.clin.data_chunk // 8)
+        for i in range(0, x.shape[0], step):
+            xi = x[i:i + step]
+            yield self._logits64(xi), self.clin.jacobian(xi, torch.float64).cpu()
+
+    @staticmethod
+    def _prior_diagonal(prior: GaussianPrior) -> tuple[Tensor, Tensor]:
+        """The prior's diagonal ``Σ_ii`` ``[d_θ]`` (float64, CPU) and each entry's block."""
+        c, idx = _diagonal_structure(prior)
+        return prior.variances.detach().double().cpu()[idx] * c, idx
 
     def _logits64(self, x: Tensor) -> Tensor:
         clin = self.clin
@@ -1231,9 +1244,7 @@ class ExactLLA:
     # -- posterior --------------------------------------------------------------
     def hessian(self, prior: GaussianPrior) -> Tensor:
         """``H = G + Σ⁻¹``, ``[d_θ, d_θ]``."""
-        c, idx = _diagonal_structure(prior)
-        var = prior.variances.detach().double().cpu()[idx] * c
-        return self.G + torch.diag(1.0 / var)
+        return self.G + torch.diag(1.0 / self._prior_diagonal(prior)[0])
 
     def cholesky(self, prior: GaussianPrior) -> Tensor:
         """Lower Cholesky factor of :meth:`hessian` (cached per hyperparameters)."""
@@ -1248,8 +1259,7 @@ class ExactLLA:
 
     def gamma(self, prior: GaussianPrior) -> Tensor:
         """Exact ``γ_b = d_b − Tr(Σ_b⁻¹ H⁻¹_{bb})``, ``[B]``."""
-        c, idx = _diagonal_structure(prior)
-        var = prior.variances.detach().double().cpu()[idx] * c
+        var, idx = self._prior_diagonal(prior)
         per = self.covariance(prior).diagonal() / var
         return prior.block_dims - torch.zeros(prior.num_blocks, dtype=torch.float64
                                               ).index_add_(0, idx, per)
@@ -1265,19 +1275,16 @@ class ExactLLA:
         """``f(x, θ̂)`` ``[n, C]`` and ``Σ(x) = J(x) H⁻¹ J(x)ᵀ`` ``[n, C, C]`` (float64)."""
         L = self.cholesky(prior)
         means, covs = [], []
-        step = max(1, self.clin.data_chunk // 8)
-        for i in range(0, x.shape[0], step):
-            xi = x[i:i + step]
-            J = self.clin.jacobian(xi, torch.float64).cpu()
+        for f, J in self._jacobian_chunks(x):
             n, C, d = J.shape
             W = torch.linalg.solve_triangular(L, J.reshape(n * C, d).t(), upper=False)
             W = W.t().reshape(n, C, d)
             covs.append(W @ W.transpose(1, 2))
-            means.append(self._logits64(xi))
+            means.append(f)
         return torch.cat(means), torch.cat(covs)
 
     def prior_scale_basis(self, prior: GaussianPrior) -> tuple[Tensor, Tensor]:
-        """``(W, lam)`` with ``(G + c Σ⁻¹)⁻¹ = W diag(1 / (lam + c)) Wᵀ`` for every ``c > 0``.
+        """``(W, lam)`` with ``(G + c Σ⁻¹)⁻¹ = W diag(1 / (lam + c)) Wᵀ`` for all ``c > 0``.
 
         ``Σ^{1/2} G Σ^{1/2} = U diag(lam) Uᵀ`` (one symmetric eigendecomposition),
         ``W = Σ^{1/2} U``: the posterior for any multiple of the prior precision
@@ -1288,20 +1295,14 @@ class ExactLLA:
         W : Tensor, shape (d_θ, d_θ), float64
         lam : Tensor, shape (d_θ,), float64 (clamped at 0)
         """
-        c, idx = _diagonal_structure(prior)
-        sd = (prior.variances.detach().double().cpu()[idx] * c).sqrt()
+        sd = self._prior_diagonal(prior)[0].sqrt()
         lam, U = torch.linalg.eigh(sd[:, None] * self.G * sd[None, :])
         return sd[:, None] * U, lam.clamp_min(0)
 
     def prior_scale_factor(self, W: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
         """``f(x, θ̂)`` ``[n, C]`` and ``K = J(x) W`` ``[n, C, d_θ]`` (float64) for
         :func:`scaled_prior_covariance`."""
-        means, ks = [], []
-        step = max(1, self.clin.data_chunk // 8)
-        for i in range(0, x.shape[0], step):
-            xi = x[i:i + step]
-            ks.append(self.clin.jacobian(xi, torch.float64).cpu() @ W)
-            means.append(self._logits64(xi))
+        means, ks = zip(*((f, J @ W) for f, J in self._jacobian_chunks(x)))
         return torch.cat(means), torch.cat(ks)
 
     def predict(self, prior: GaussianPrior, x: Tensor, method: str = "mc",

@@ -35,8 +35,8 @@ requested method on the test set, the OOD set and the rotated test sets:
 Validation split: with ``val_fraction > 0`` (default 0.1) a seeded, stratified
 part of the *training* set is held out before MAP training
 (:func:`validation_split`) for every method, so that all methods share one
-network; only the ``-val`` methods (``VAL_METHODS``) and ``map-temp`` look at it. The test set
-is never used for tuning.
+network; only the ``-val`` methods (``VAL_METHODS``) and ``map-temp`` look at
+it. The test set is never used for tuning.
 
 Metrics (:mod:`ctuq.recon.classify_metrics`): accuracy, NLL, ECE
 (``ece_bins`` equal-width bins, default 15), Brier, OOD AUROC from max-softmax
