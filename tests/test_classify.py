@@ -515,11 +515,11 @@ def _tiny_config():
 
 def test_run_benchmark_smoke():
     from ctuq.data.classification import load_classification
-    from ctuq.recon.classify_bench import METHODS, aggregate, run_benchmark
+    from ctuq.recon.classify_bench import LAPLACE_TORCH_METHODS, METHODS, aggregate, run_benchmark
 
     data = load_classification("digits", seed=0, n_train=200, n_test=60)
     res = run_benchmark(data, "all", _tiny_config(), seed=0)
-    expect = set(METHODS) - ({"laplace-torch"} if not C.laplace_torch_available() else set())
+    expect = set(METHODS) - (set() if C.laplace_torch_available() else set(LAPLACE_TORCH_METHODS))
     assert set(res.methods) == expect
     doc = json.loads(json.dumps(res.to_dict()))
     for name, m in doc["methods"].items():
@@ -543,6 +543,32 @@ def test_run_benchmark_smoke():
         run_benchmark(data, "map,bogus", _tiny_config())
     with pytest.raises(InputError):
         run_benchmark(data, "map,lla-sampled-val", _tiny_config().with_(val_fraction=0.0))
+
+
+def test_laplace_torch_methods_are_skipped_with_a_reason(monkeypatch):
+    from ctuq.recon.classify_bench import run_benchmark
+
+    data = load_classification("digits", seed=0, n_train=120, n_test=30)
+    cfg = _tiny_config().with_(epochs=1)
+    monkeypatch.setattr(C, "laplace_torch_available", lambda: False)
+    res = run_benchmark(data, "map,laplace-torch,laplace-torch-ll", cfg)
+    assert set(res.methods) == {"map"}
+    assert all("does not import" in res.skipped[m] for m in ("laplace-torch",
+                                                             "laplace-torch-ll"))
+    with pytest.raises(InputError, match="laplace-torch is not installed"):
+        C.laplace_torch_fit(build_classifier("mlp", (1, 8, 8), 10, hidden=(3,)),
+                            data.x_train, data.y_train)
+    # importable but too large for a full GGN: only the full-GGN method is refused
+    monkeypatch.setattr(C, "laplace_torch_available", lambda: True)
+    monkeypatch.setattr(C, "laplace_torch_fit",
+                        lambda net, x, y, **kw: (lambda xe: torch.full((len(xe), 10), 0.1,
+                                                                       dtype=torch.float64),
+                                                 dict(kw)))
+    res = run_benchmark(data, "map,laplace-torch,laplace-torch-ll",
+                        cfg.with_(max_exact_params=10))
+    assert set(res.methods) == {"map", "laplace-torch-ll"}
+    assert "max_exact_params 10" in res.skipped["laplace-torch"]
+    assert res.methods["laplace-torch-ll"].extra == {"subset": "last_layer", "structure": "kron"}
 
 
 def test_cli_bench_classify(tmp_path, monkeypatch):

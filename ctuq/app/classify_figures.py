@@ -15,7 +15,7 @@ __all__ = ["draw_reliability", "draw_rotation", "save_benchmark_figures"]
 _COLORS = {"map": "#444444", "map-temp": "#999999", "lla-sampled": "#1f77b4",
            "lla-sampled-probit": "#17becf", "lla-last-layer": "#ff7f0e",
            "lla-exact": "#d62728", "lla-exact-probit": "#ff9896", "mc-dropout": "#2ca02c",
-           "laplace-torch": "#9467bd"}
+           "laplace-torch": "#9467bd", "laplace-torch-ll": "#c5b0d5"}
 
 
 def _color(name: str) -> str:

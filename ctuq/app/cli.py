@@ -251,10 +251,10 @@ def bench_classify(
                                          "lla-last-layer, lla-last-layer-val, lla-exact, "
                                          "lla-exact-val, lla-exact-probit, "
                                          "lla-exact-prior-val, mc-dropout, laplace-torch, "
-                                         "or 'all'. '-val' methods (and map-temp) tune the "
-                                         "predictive scale (temperature) on the validation "
-                                         "split; lla-exact-prior-val tunes a multiplier of "
-                                         "the prior precision there."),
+                                         "laplace-torch-ll, or 'all'. '-val' methods (and "
+                                         "map-temp) tune the predictive scale (temperature) "
+                                         "on the validation split; lla-exact-prior-val tunes "
+                                         "a multiplier of the prior precision there."),
         out: Path = typer.Option(Path("bench_classify_out"), "--out", help="Output folder."),
         model: str = typer.Option("mlp", help="mlp | cnn"),
         prior: str = typer.Option("ard", help="ard (layer-wise) | gprior"),

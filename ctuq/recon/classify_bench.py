@@ -29,7 +29,12 @@ requested method on the test set, the OOD set and the rotated test sets:
                          :func:`ctuq.recon.classify.tune_prior_scale`): posterior
                          ``(G + c Σ⁻¹)⁻¹``, MC predictive
 ``mc-dropout``           a second network with dropout, ``mc_dropout_samples`` passes
-``laplace-torch``        laplace-torch's full-GGN Laplace (only if it imports)
+``laplace-torch``        laplace-torch's Laplace over all weights, full GGN, layer-wise
+                         prior precisions by its marginal likelihood, probit predictive
+                         (an independent implementation of ``lla-exact``; only if
+                         laplace-torch imports)
+``laplace-torch-ll``     laplace-torch's default recipe: last layer, Kronecker-factored
+                         GGN, scalar prior precision by marginal likelihood, probit
 =======================  ==========================================================
 
 Validation split: with ``val_fraction > 0`` (default 0.1) a seeded, stratified
@@ -66,13 +71,18 @@ from ctuq.recon.progress import check_cancel, emit_progress
 
 __all__ = ["BenchConfig", "MethodResult", "BenchResult", "run_benchmark", "aggregate",
            "METHODS", "DEFAULT_METHODS", "parse_methods", "run_seeds", "pooled_reliability",
-           "rotation_rows", "benchmark_document", "validation_split", "VAL_METHODS"]
+           "rotation_rows", "benchmark_document", "validation_split", "VAL_METHODS",
+           "LAPLACE_TORCH_METHODS"]
 
 log = logging.getLogger(__name__)
 
 METHODS = ("map", "map-temp", "lla-sampled", "lla-sampled-val", "lla-sampled-probit",
            "lla-last-layer", "lla-last-layer-val", "lla-exact", "lla-exact-val",
-           "lla-exact-probit", "lla-exact-prior-val", "mc-dropout", "laplace-torch")
+           "lla-exact-probit", "lla-exact-prior-val", "mc-dropout", "laplace-torch",
+           "laplace-torch-ll")
+#: Methods that need the optional laplace-torch: (subset of weights, GGN structure).
+LAPLACE_TORCH_METHODS = {"laplace-torch": ("all", "full"),
+                         "laplace-torch-ll": ("last_layer", "kron")}
 DEFAULT_METHODS = ("map", "lla-sampled", "lla-sampled-val", "lla-exact", "mc-dropout")
 #: Methods that tune something on the validation split.
 VAL_METHODS = ("map-temp", "lla-sampled-val", "lla-last-layer-val", "lla-exact-val",
@@ -506,17 +516,20 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
                                          "samples": cfg.mc_dropout_samples,
                                          "note": "includes training its own network"})
 
-    if "laplace-torch" in methods:
+    for name, (subset, structure) in LAPLACE_TORCH_METHODS.items():
+        if name not in methods:
+            continue
         if not C.laplace_torch_available():
-            skipped["laplace-torch"] = "laplace-torch does not import here (optional)"
-        else:  # pragma: no cover - optional dependency
-            t0 = time.perf_counter()
-            sets = [data.x_test, data.x_ood] + [data.rotated(a) for a in cfg.angles]
-            probs = C.laplace_torch_predict(net, data.x_train, data.y_train, sets)
-            table = {id(s): p for s, p in zip(sets, probs)}
-            timed("laplace-torch", lambda x: table.get(id(x)) if id(x) in table else
-                  C.laplace_torch_predict(net, data.x_train, data.y_train, [x])[0],
-                  time.perf_counter() - t0)
+            skipped[name] = "laplace-torch does not import here (optional; see the README)"
+            continue
+        if structure == "full" and clin.num_params > cfg.max_exact_params:
+            skipped[name] = (f"{clin.num_params} parameters > max_exact_params "
+                             f"{cfg.max_exact_params}")
+            continue
+        t0 = time.perf_counter()
+        predict, info = C.laplace_torch_fit(net, data.x_train, data.y_train, subset=subset,
+                                            structure=structure)
+        timed(name, predict, time.perf_counter() - t0, info)
     for m, why in skipped.items():
         log.warning("skipped %s: %s", m, why)
     return BenchResult(data.summary(), cfg.to_dict(), int(seed), out, skipped,
