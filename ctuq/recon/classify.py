@@ -1158,28 +1158,26 @@ class ExactLLA:
         d = clin.num_params
         self.G = torch.zeros(d, d, dtype=torch.float64)
         log_lik = 0.0
-        n = x.shape[0]
-        step = max(1, clin.data_chunk // 8)
-        for i in range(0, n, step):
-            check_cancel(cancel, "exact GGN")
-            xi = x[i:i + step]
-            J = clin.jacobian(xi, torch.float64).cpu()  # [n, C, d]
-            logits = self._logits64(xi)
+        n, done = x.shape[0], 0
+        for logits, J in self._jacobian_chunks(x, cancel):  # J: [n_i, C, d]
             BJ = _b_mul_jac(torch.softmax(logits, -1), J).reshape(-1, d)
             self.G.addmm_(BJ.t(), BJ)
             lp = torch.log_softmax(logits, -1)
-            log_lik += float(lp[torch.arange(xi.shape[0]), y[i:i + step]].sum())
-            emit_progress(progress, "exact", min(i + step, n), n, "GGN")
+            yi = y[done:done + len(lp)]
+            log_lik += float(lp[torch.arange(len(lp)), yi].sum())
+            done += len(lp)
+            emit_progress(progress, "exact", done, n, "GGN")
         self.G = 0.5 * (self.G + self.G.t())
         self.log_lik = log_lik
         self.theta = clin.theta_hat.double().cpu()
         self.seconds_ggn = time.perf_counter() - t0
         self._chol: tuple | None = None
 
-    def _jacobian_chunks(self, x: Tensor):
-        """``(f(x_i, θ̂), J(x_i))`` in float64 on the CPU, per chunk of the inputs."""
+    def _jacobian_chunks(self, x: Tensor, cancel=None):
+        """``(f(x_i, θ̂), J(x_i))`` in float64 on the CPU, per chunk of the inputs (in order)."""
         step = max(1, self.clin.data_chunk // 8)
         for i in range(0, x.shape[0], step):
+            check_cancel(cancel, "exact GGN")
             xi = x[i:i + step]
             yield self._logits64(xi), self.clin.jacobian(xi, torch.float64).cpu()
 
