@@ -199,6 +199,10 @@ class STOOptions:
         at 0. Default ``'auto'``.
     power_iterations : int
         For the step size. Default 20.
+    curvature_batches : int
+        Mini-batched runs: also estimate ``λ_max`` of a batch's rescaled Hessian on
+        this many random batches and size the steps for the largest (a step sees one
+        batch's curvature). Default 4.
     tol : float or None
         ``info['converged']`` reports whether every relative residual
         ``‖∇L'(w)‖_{M⁻¹} / ‖rhs‖_{M⁻¹}`` is below ``tol``, where the
@@ -226,6 +230,7 @@ class STOOptions:
     reuse_tol: float = 0.5
     init: str = "auto"
     power_iterations: int = 20
+    curvature_batches: int = 4
     tol: float | None = 1e-3
     progress_every: int = 50
 
@@ -862,6 +867,24 @@ def _power_lambda_max(apply_H: Callable[[Tensor], Tensor], d: int, iters: int, g
     return lam
 
 
+def _step_curvature(apply_H: Callable[[Tensor], Tensor], d: int, iters: int, gen, device,
+                    apply_batch_H: Callable[[Tensor, Tensor], Tensor] | None = None,
+                    draw_batch: Callable[[], Tensor] | None = None, n_batches: int = 0) -> float:
+    """The largest curvature an SGD step sees: ``λ_max`` of ``apply_H`` and, for
+    mini-batched steps, of ``apply_batch_H(·, idx)`` on ``n_batches`` batches ``draw_batch()``.
+
+    A mini-batch step applies one batch's rescaled Hessian, whose top eigenvalue can lie
+    far above the full one's (above all after a preconditioner has flattened the full
+    spectrum): steps sized for the full Hessian then diverge.
+    """
+    lam = _power_lambda_max(apply_H, d, iters, gen, device)
+    for _ in range(n_batches if apply_batch_H is not None else 0):
+        idx = draw_batch()
+        lam = max(lam, _power_lambda_max(lambda v: apply_batch_H(v, idx), d, iters, gen,
+                                         device))
+    return lam
+
+
 def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOptions, gen,
                 warm: _WarmStart, theta_star0, z0, progress, cancel, stage) -> PosteriorSample:
     t0 = time.perf_counter()
@@ -914,10 +937,20 @@ def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOpt
         def apply_M(g: Tensor) -> Tensor:
             return g if precond is None else precond(g, noise_var)
 
-        # curvature of M⁻¹ H in whitened coordinates: μ = 1, L estimated
+        def batch_gram(w: Tensor, idx: Tensor) -> Tensor:  # (n/b) Lᵀ Φ_Sᵀ Φ_S L w / σ²
+            r = A_subset(op, lin.jvp(prior.cov_sqrt(w)), idx)
+            return prior.cov_sqrt(lin.vjp(A_adjoint_subset(op, r, idx)),
+                                  transpose=True).mul_(n_angles / batch / noise_var)
+
+        # curvature of M⁻¹ H in whitened coordinates: μ = 1, L estimated (mini-batched:
+        # the largest a batch's step sees)
         if options.lr is None or options.momentum is None:
-            lam = _power_lambda_max(lambda v: apply_M(gram(v) / noise_var + v), d,
-                                    options.power_iterations, gen, device)
+            full = batch is None or batch == n_angles
+            lam = _step_curvature(
+                lambda v: apply_M(gram(v) / noise_var + v), d, options.power_iterations, gen,
+                device, None if full else lambda v, idx: apply_M(batch_gram(v, idx) + v),
+                lambda: torch.randperm(n_angles, generator=gen)[:batch].sort().values.to(device),
+                options.curvature_batches)
             L_max = max(1.0, 1.1 * lam)
         else:
             L_max = float("nan")
