@@ -86,7 +86,7 @@ from ctuq.recon.evidence import em_update, mackay_update
 from ctuq.recon.linearize import Linearization
 from ctuq.recon.priors import BlockPrior, GaussianPrior, GPrior
 from ctuq.recon.progress import check_cancel, emit_progress
-from ctuq.recon.sampling import NystromPreconditioner, _step_curvature
+from ctuq.recon.sampling import NystromPreconditioner, _nesterov_polyak, _step_curvature
 
 __all__ = [
     "train_map", "ClassifierLinearization", "lambda_mul", "b_mul", "bt_mul", "build_prior",
@@ -618,16 +618,12 @@ def sample_sto(clin: ClassifierLinearization, x: Tensor, prior: GaussianPrior, k
             if opt.clip_factor is not None else None
         early = opt.tol is not None and full
         n_iter = int(opt.iterations)
-        stopped = n_iter
         if early and float((m_norm(g_init) / rhs_norm).max()) <= 0.5 * opt.tol:
-            n_iter = stopped = 0
-        V, avg, n_avg = torch.zeros_like(W), torch.zeros_like(W), 0
-        start_avg = min(n_iter - 1, int(math.floor(opt.polyak_start * n_iter)))
-        perm, pos = None, n
-        for it in range(n_iter):
-            check_cancel(cancel, "posterior sampling")
-            lr = lr0 * (1.0 - (1.0 - opt.lr_final_factor) * it / max(1, n_iter - 1))
-            look = W + beta * V
+            n_iter = 0  # a warm start that is already converged
+        perm, pos = None, n  # mini-batches: epochs of a random permutation
+
+        def grad(look: Tensor) -> Tensor:
+            nonlocal perm, pos
             if full:
                 g = gram(look)
             else:
@@ -636,21 +632,14 @@ def sample_sto(clin: ClassifierLinearization, x: Tensor, prior: GaussianPrior, k
                 idx = perm[pos:pos + opt.batch_size]
                 pos += opt.batch_size
                 g = gram(look, idx, n / opt.batch_size)
-            g.add_(look).sub_(anchor)
-            if early and (it + 1) % 5 == 0:
-                if float((m_norm(g) / rhs_norm).max()) <= 0.5 * opt.tol:
-                    stopped = it + 1
-                    break
-            if clip is not None:
-                g.mul_((clip / g.norm(dim=1).clamp_min(1e-30)).clamp_max(1.0).unsqueeze(1))
-            V.mul_(beta).add_(apply_M(g), alpha=-lr)
-            W.add_(V)
-            if it >= start_avg:
-                n_avg += 1
-                avg.add_(W - avg, alpha=1.0 / n_avg)
-            if (it + 1) % opt.progress_every == 0:
-                emit_progress(progress, stage, it + 1, n_iter, f"STO step {it + 1}")
-        W_final = avg if (n_avg > 0 and stopped == n_iter and n_iter > 0) else W
+            return g.add_(look).sub_(anchor)
+
+        W_final, stopped = _nesterov_polyak(
+            grad, W, apply_M, n_iter=n_iter, lr0=lr0, beta=beta,
+            lr_final_factor=opt.lr_final_factor, clip=clip, polyak_start=opt.polyak_start,
+            stop=(lambda g: float((m_norm(g) / rhs_norm).max()) <= 0.5 * opt.tol)
+            if early else None, cancel=cancel, progress=progress, stage=stage,
+            progress_every=opt.progress_every)
         rel = (m_norm(gram(W_final) + W_final - anchor) / rhs_norm).cpu()
         z = prior.cov_sqrt(W_final)
     info = {"iterations": stopped, "residuals": rel,

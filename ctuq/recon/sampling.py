@@ -885,6 +885,41 @@ def _step_curvature(apply_H: Callable[[Tensor], Tensor], d: int, iters: int, gen
     return lam
 
 
+def _nesterov_polyak(grad: Callable[[Tensor], Tensor], W: Tensor, apply_M, *, n_iter: int,
+                     lr0: float, beta: float, lr_final_factor: float, clip: Tensor | None,
+                     polyak_start: float, stop: Callable[[Tensor], bool] | None = None,
+                     check_every: int = 5, cancel=None, progress=None, stage: str = "sampling",
+                     progress_every: int = 50) -> tuple[Tensor, int]:
+    """The STO solver loop: preconditioned Nesterov SGD, linearly decaying step, Polyak average.
+
+    ``grad(look)`` is the (mini-batch) gradient at the look-ahead point, a new tensor
+    (clipped in place here); every ``check_every`` steps ``stop(g)`` may end the run
+    (full-batch gradients only). ``W`` is updated in place. Returns the Polyak average
+    (the last iterate when the run stopped early) and the number of steps run.
+    """
+    V, avg, n_avg = torch.zeros_like(W), torch.zeros_like(W), 0
+    start_avg = min(n_iter - 1, int(math.floor(polyak_start * n_iter)))
+    stopped = n_iter
+    for it in range(n_iter):
+        check_cancel(cancel, "posterior sampling")
+        lr = lr0 * (1.0 - (1.0 - lr_final_factor) * it / max(1, n_iter - 1))
+        look = W + beta * V  # Nesterov look-ahead
+        g = grad(look)
+        if stop is not None and (it + 1) % check_every == 0 and stop(g):
+            stopped = it + 1
+            break
+        if clip is not None:
+            g.mul_((clip / g.norm(dim=1).clamp_min(1e-30)).clamp_max(1.0).unsqueeze(1))
+        V.mul_(beta).add_(apply_M(g), alpha=-lr)
+        W.add_(V)
+        if it >= start_avg:
+            n_avg += 1
+            avg.add_(W - avg, alpha=1.0 / n_avg)
+        if (it + 1) % progress_every == 0:
+            emit_progress(progress, stage, it + 1, n_iter, f"STO step {it + 1}")
+    return (avg if (n_avg > 0 and stopped == n_iter and n_iter > 0) else W), stopped
+
+
 def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOptions, gen,
                 warm: _WarmStart, theta_star0, z0, progress, cancel, stage) -> PosteriorSample:
     t0 = time.perf_counter()
@@ -944,8 +979,8 @@ def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOpt
 
         # curvature of M⁻¹ H in whitened coordinates: μ = 1, L estimated (mini-batched:
         # the largest a batch's step sees)
+        full = batch is None or batch == n_angles
         if options.lr is None or options.momentum is None:
-            full = batch is None or batch == n_angles
             lam = _step_curvature(
                 lambda v: apply_M(gram(v) / noise_var + v), d, options.power_iterations, gen,
                 device, None if full else lambda v, idx: apply_M(batch_gram(v, idx) + v),
@@ -992,47 +1027,34 @@ def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOpt
         t_setup = time.perf_counter() - t0
 
         n_iter = int(options.iterations)
-        V = torch.zeros_like(W)
-        avg = torch.zeros_like(W)
-        n_avg = 0
-        start_avg = min(n_iter - 1, int(math.floor(options.polyak_start * n_iter)))
         # full-batch gradients are exact: stop once every row is well inside tol
-        early_stop = options.tol is not None and (batch is None or batch == n_angles)
-        stopped_at = n_iter
+        early_stop = options.tol is not None and full
         history = [float((m_norm(g_init) / rhs_mnorm).max())]
         if early_stop and history[0] <= 0.5 * options.tol:
-            stopped_at = n_iter = 0  # a warm start that is already converged
-        t1 = time.perf_counter()
-        for it in range(n_iter):
-            check_cancel(cancel, "posterior sampling")
-            frac = it / max(1, n_iter - 1)
-            lr = lr0 * (1.0 - (1.0 - options.lr_final_factor) * frac)
-            look = W + beta * V  # Nesterov look-ahead
-            if batch is None or batch == n_angles:
+            n_iter = 0  # a warm start that is already converged
+
+        def grad(look: Tensor) -> Tensor:
+            if full:
                 g = data_grad(look, None, 1.0)
             else:
                 idx = torch.randperm(n_angles, generator=gen)[:batch].sort().values.to(device)
                 g = data_grad(look, idx, n_angles / batch)
-            g.add_(look).sub_(anchor)
-            if early_stop and (it + 1) % 5 == 0:
-                rmax = float((m_norm(g) / rhs_mnorm).max())
-                history.append(rmax)
-                log.debug("STO step %d: max relative residual %.2e", it + 1, rmax)
-                if rmax <= 0.5 * options.tol:
-                    stopped_at = it + 1
-                    break
-            if clip is not None:
-                g.mul_((clip / g.norm(dim=1).clamp_min(1e-30)).clamp_max(1.0).unsqueeze(1))
-            V.mul_(beta).add_(apply_M(g), alpha=-lr)
-            W.add_(V)
-            if it >= start_avg:
-                n_avg += 1
-                avg.add_(W - avg, alpha=1.0 / n_avg)
-            if (it + 1) % options.progress_every == 0:
-                emit_progress(progress, stage, it + 1, n_iter, f"STO step {it + 1}")
+            return g.add_(look).sub_(anchor)
+
+        def converged(g: Tensor) -> bool:
+            history.append(float((m_norm(g) / rhs_mnorm).max()))
+            log.debug("STO step %d: max relative residual %.2e", 5 * (len(history) - 1),
+                      history[-1])
+            return history[-1] <= 0.5 * options.tol
+
+        t1 = time.perf_counter()
+        W_final, stopped_at = _nesterov_polyak(
+            grad, W, apply_M, n_iter=n_iter, lr0=lr0, beta=beta,
+            lr_final_factor=options.lr_final_factor, clip=clip,
+            polyak_start=options.polyak_start, stop=converged if early_stop else None,
+            cancel=cancel, progress=progress, stage=stage,
+            progress_every=options.progress_every)
         t_solve = time.perf_counter() - t1
-        # the Polyak average, unless the run stopped early at a converged iterate
-        W_final = avg if (n_avg > 0 and stopped_at == n_iter and n_iter > 0) else W
         rel = (m_norm(full_grad(W_final)) / rhs_mnorm).cpu()
         sol = prior.cov_sqrt(W_final)
     emit_progress(progress, stage, n_iter, n_iter, "STO done")
