@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from ctuq.recon import classify as C
 from ctuq.recon import classify_bench as B
 
 METHODS = ("map", "map-temp", "lla-sampled", "lla-sampled-val", "lla-last-layer",
@@ -72,13 +73,19 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=150)
     ap.add_argument("--val-fraction", type=float, default=0.1,
                     help="share of the training set held out for the -val methods")
+    ap.add_argument("--sto-batch-size", type=int, default=None,
+                    help="mini-batch of the STO sampler (default: full batch)")
+    ap.add_argument("--sto-iterations", type=int, default=300,
+                    help="most STO steps (full batch stops earlier at its tolerance)")
     ap.add_argument("--figures", default=None,
                     help="folder for classification_reliability.png / classification_rotation.png")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     cfg = B.BenchConfig(model=args.model, prior=args.prior, epochs=args.epochs,
                         train_prior_precision=args.train_prior_precision,
-                        lla_mode=args.lla_mode, val_fraction=args.val_fraction)
+                        lla_mode=args.lla_mode, val_fraction=args.val_fraction,
+                        sto=C.STOOptions(iterations=args.sto_iterations,
+                                         batch_size=args.sto_batch_size))
     seeds = [int(s) for s in args.seeds.split(",")]
     t0 = time.perf_counter()
     results = []

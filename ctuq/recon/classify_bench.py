@@ -71,8 +71,8 @@ from ctuq.recon.progress import check_cancel, emit_progress
 
 __all__ = ["BenchConfig", "MethodResult", "BenchResult", "run_benchmark", "aggregate",
            "METHODS", "DEFAULT_METHODS", "parse_methods", "run_seeds", "pooled_reliability",
-           "rotation_rows", "benchmark_document", "validation_split", "VAL_METHODS",
-           "LAPLACE_TORCH_METHODS"]
+           "rotation_rows", "benchmark_document", "environment", "validation_split",
+           "VAL_METHODS", "LAPLACE_TORCH_METHODS"]
 
 log = logging.getLogger(__name__)
 
@@ -444,6 +444,7 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
                  "num_params": lin.num_params, "mode": cfg.lla_mode,
                  "em_trace": em.trace, "em_seconds": em.seconds,
                  "sto_iterations": sample.info["iterations"],
+                 "sto_seconds": sample.info["time"],
                  "sto_max_residual": float(sample.info["residuals"].max())}
         fs = _cached(lambda x, lin=lin, z=sample.z + shift: C.function_samples(lin, z, x))
         mean_logits = _cached(lambda x, lin=lin, sh=shift.reshape(1, -1):
@@ -610,13 +611,18 @@ def rotation_rows(agg: dict) -> dict:
     return out
 
 
-def benchmark_document(results: list) -> dict:
-    """One JSON-serialisable document: aggregate over seeds, per-seed results, environment."""
+def environment() -> dict:
+    """torch version and threads, machine, Python: what a benchmark's times depend on."""
     import platform
 
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
+            "machine": platform.machine(), "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine()}
+
+
+def benchmark_document(results: list) -> dict:
+    """One JSON-serialisable document: aggregate over seeds, per-seed results, environment."""
     return {"aggregate": aggregate(results),
             "seeds": [r.seed for r in results],
             "runs": [r.to_dict() for r in results],
-            "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(),
-                            "machine": platform.machine(), "python": platform.python_version(),
-                            "processor": platform.processor() or platform.machine()}}
+            "environment": environment()}
