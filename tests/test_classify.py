@@ -562,6 +562,9 @@ def test_run_benchmark_smoke():
         run_benchmark(data, "map,bogus", _tiny_config())
     with pytest.raises(InputError):
         run_benchmark(data, "map,lla-sampled-val", _tiny_config().with_(val_fraction=0.0))
+    with pytest.raises(InputError, match="at most the 180 training images"):
+        run_benchmark(data, "map,lla-sampled", _tiny_config().with_(
+            sto=C.STOOptions(batch_size=181)))
 
 
 def test_laplace_torch_methods_are_skipped_with_a_reason(monkeypatch):

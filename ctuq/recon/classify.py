@@ -557,7 +557,8 @@ def sample_sto(clin: ClassifierLinearization, x: Tensor, prior: GaussianPrior, k
                          f"{clin.num_params}", field="prior")
     n, d, dev = x.shape[0], clin.num_params, clin.device
     if opt.batch_size is not None and not 1 <= opt.batch_size <= n:
-        raise InputError(f"must be between 1 and {n}, got {opt.batch_size}", field="batch_size")
+        raise InputError(f"must be between 1 and the {n} data points, got {opt.batch_size}",
+                         field="batch_size")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     x = x.to(dev)

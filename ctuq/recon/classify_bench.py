@@ -372,6 +372,11 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
     elif any(m in VAL_METHODS for m in methods):
         raise InputError(f"{', '.join(m for m in methods if m in VAL_METHODS)} need a "
                          "validation split (val_fraction > 0)", field="val_fraction")
+    n_train = int(data.x_train.shape[0])
+    if cfg.sto.batch_size is not None and cfg.sto.batch_size > n_train:
+        # before training, not after it
+        raise InputError(f"must be at most the {n_train} training images (after the "
+                         f"validation split), got {cfg.sto.batch_size}", field="sto_batch_size")
     gen = torch.Generator().manual_seed(int(seed) + 1)
     kw = {"hidden": tuple(cfg.hidden), "channels": tuple(cfg.channels)}
     net = build_classifier(cfg.model, data.image_shape, data.num_classes, seed=seed, **kw)
