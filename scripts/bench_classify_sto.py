@@ -44,8 +44,8 @@ def _record(res: B.BenchResult) -> dict:
     lla = res.methods["lla-sampled"]
     ex = lla.extra
     return {"seed": res.seed, "n_train": res.dataset["n_train"], "n_val": res.dataset["n_val"],
-            "n_test": res.dataset["n_test"], "lla_seconds": lla.seconds, "em_seconds": ex["em_seconds"],
-            "draw_seconds": ex["sto_seconds"], "draw_iterations": ex["sto_iterations"],
+            "n_test": res.dataset["n_test"], "lla_seconds": lla.seconds,
+            "em_seconds": ex["em_seconds"], "draw_seconds": ex["sto_seconds"], "draw_iterations": ex["sto_iterations"],
             "draw_max_residual": ex["sto_max_residual"], "variances": ex["variances"],
             "scale": res.methods["lla-sampled-val"].extra["scale"],
             "metrics": {m: {k: res.methods[m].metrics[k] for k in METRICS} for m in METHODS}}

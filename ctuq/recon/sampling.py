@@ -945,11 +945,13 @@ def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOpt
         target = torch.zeros(k + 1, n_angles, n_det, device=device)
         target[0] = y_tilde.view(n_angles, n_det)
 
-        def data_grad(w: Tensor, idx: Tensor | None, scale: float) -> Tensor:
-            # Lᵀ Φ_Sᵀ (Φ_S L w − t_S) · scale / σ²
+        def data_grad(w: Tensor, idx: Tensor | None, scale: float,
+                      with_target: bool = True) -> Tensor:
+            # Lᵀ Φ_Sᵀ (Φ_S L w − t_S) · scale / σ² (without t_S: the batch's gram)
             x = lin.jvp(prior.cov_sqrt(w))
             r = A_subset(op, x, idx)
-            r = r - (target if idx is None else target.index_select(-2, idx))
+            if with_target:
+                r = r - (target if idx is None else target.index_select(-2, idx))
             g = lin.vjp(A_adjoint_subset(op, r, idx))
             return prior.cov_sqrt(g, transpose=True).mul_(scale / noise_var)
 
@@ -972,18 +974,14 @@ def _sample_sto(lin, op, prior, noise_var, sigma, y_tilde, u, e, options: STOOpt
         def apply_M(g: Tensor) -> Tensor:
             return g if precond is None else precond(g, noise_var)
 
-        def batch_gram(w: Tensor, idx: Tensor) -> Tensor:  # (n/b) Lᵀ Φ_Sᵀ Φ_S L w / σ²
-            r = A_subset(op, lin.jvp(prior.cov_sqrt(w)), idx)
-            return prior.cov_sqrt(lin.vjp(A_adjoint_subset(op, r, idx)),
-                                  transpose=True).mul_(n_angles / batch / noise_var)
-
         # curvature of M⁻¹ H in whitened coordinates: μ = 1, L estimated (mini-batched:
         # the largest a batch's step sees)
         full = batch is None or batch == n_angles
         if options.lr is None or options.momentum is None:
             lam = _step_curvature(
                 lambda v: apply_M(gram(v) / noise_var + v), d, options.power_iterations, gen,
-                device, None if full else lambda v, idx: apply_M(batch_gram(v, idx) + v),
+                device, None if full else lambda v, idx: apply_M(
+                    data_grad(v, idx, n_angles / batch, with_target=False) + v),
                 lambda: torch.randperm(n_angles, generator=gen)[:batch].sort().values.to(device),
                 options.curvature_batches)
             L_max = max(1.0, 1.1 * lam)
