@@ -5,7 +5,7 @@ from ctuq.data import phantoms
 from ctuq.errors import InputError
 
 
-@pytest.mark.parametrize("name", ["ellipses", "rectangles", "digits"])
+@pytest.mark.parametrize("name", ["ellipses", "rectangles", "digits", "shepp-variant", "natural"])
 def test_reproducible_from_seed_and_seed_matters(name):
     a = phantoms.make_phantom(name, 32, seed=3)
     b = phantoms.make_phantom(name, 32, seed=3)
@@ -41,3 +41,17 @@ def test_bad_name_and_size():
         phantoms.make_phantom("cat", 32)
     with pytest.raises(InputError, match="size"):
         phantoms.shepp_logan(2)
+
+
+def test_digit_is_the_indexed_digit_of_the_seed_0_order():
+    np.testing.assert_array_equal(phantoms.digit(6, 28), phantoms.digits(7, 28, seed=0)[6])
+    with pytest.raises(InputError, match="index"):
+        phantoms.digit(1797)
+
+
+def test_shepp_variant_keeps_the_head_inside_the_field_of_view():
+    c = (np.arange(64) + 0.5) / 64 * 2 - 1
+    r2 = c[:, None] ** 2 + c[None, :] ** 2
+    for seed in range(5):
+        img = phantoms.shepp_variant(64, seed)
+        assert img[r2 > 1.1].max() == 0 and (img > 0).mean() > 0.15

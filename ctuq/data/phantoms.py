@@ -8,7 +8,14 @@ Every phantom is a float32 array with values in ``[0, 1]``:
 - :func:`rectangles` — random rotated rectangles;
 - :func:`digits` — scikit-learn's bundled 8×8 handwritten digits, resized to
   28×28 with a margin like MNIST: our offline stand-in for the KMNIST images
-  of the reference papers.
+  of the reference papers;
+- :func:`shepp_variant` — the Shepp–Logan head with every ellipse jittered
+  (position, axes, angle, intensity) and the whole head turned and scaled;
+- :func:`natural_crop` — a random square crop of one of scikit-image's
+  bundled photographs, in grey levels (a family no preset was tuned on).
+
+Which seeds and families serve tuning, validation and testing is fixed in
+:mod:`ctuq.data.splits`.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import numpy as np
 
 from ctuq.errors import InputError
 
-PHANTOMS = ("shepp", "ellipses", "rectangles", "digits")
+PHANTOMS = ("shepp", "shepp-variant", "ellipses", "rectangles", "digits", "natural")
 
 
 def _check_size(size) -> int:
@@ -168,24 +175,32 @@ def digits(n: int = 1, size: int = 28, seed: int = 0, *, return_labels: bool = F
     labels : ndarray of int64, shape (n,)
         Only if ``return_labels``.
     """
-    from skimage.transform import resize
-
     size = _check_size(size)
     images, labels = _sklearn_digits()
     if not 1 <= n <= len(images):
         raise InputError(f"must be in [1, {len(images)}], got {n!r}", field="n")
     idx = np.random.default_rng(seed).permutation(len(images))[:n]
-    inner = max(4, int(round(0.8 * size)))
-    lo = (size - inner) // 2
-    out = np.zeros((n, size, size), dtype=np.float32)
-    for k, i in enumerate(idx):
-        small = resize(images[i], (inner, inner), order=3, mode="edge", anti_aliasing=False)
-        out[k, lo:lo + inner, lo:lo + inner] = np.clip(small, 0, 1)
+    out = np.stack([_framed_digit(images[i], size) for i in idx])
     return (out, labels[idx]) if return_labels else out
 
 
+def _framed_digit(small: np.ndarray, size: int) -> np.ndarray:
+    """An 8×8 digit resized (bi-cubic) to about 0.8·size and centred in a size² frame."""
+    from skimage.transform import resize
+
+    inner = max(4, int(round(0.8 * size)))
+    lo = (size - inner) // 2
+    out = np.zeros((size, size), dtype=np.float32)
+    big = resize(small, (inner, inner), order=3, mode="edge", anti_aliasing=False)
+    out[lo:lo + inner, lo:lo + inner] = np.clip(big, 0, 1)
+    return out
+
+
 def make_phantom(name: str, size: int, seed: int = 0) -> np.ndarray:
-    """One phantom by name: ``'shepp'``, ``'ellipses'``, ``'rectangles'`` or ``'digits'``.
+    """One phantom by name, one of :data:`PHANTOMS`.
+
+    ``'shepp'`` ignores the seed; ``'digits'`` takes the first digit of the
+    seed's permutation (:func:`digits`).
 
     Returns
     -------
@@ -199,5 +214,140 @@ def make_phantom(name: str, size: int, seed: int = 0) -> np.ndarray:
         return rectangles(size, seed)
     if name == "digits":
         return digits(1, size, seed)[0]
+    if name == "shepp-variant":
+        return shepp_variant(size, seed)
+    if name == "natural":
+        return natural_crop(size, seed)
     raise InputError(f"unknown phantom {name!r}; choose one of {', '.join(PHANTOMS)}",
                      field="phantom")
+
+
+# -- families for benchmarks (see ctuq.data.splits) ---------------------------------
+
+#: The modified Shepp–Logan head as ellipses: (value, semi-axis 0, semi-axis 1,
+#: centre 0, centre 1, angle in degrees) on [-1, 1]², axis 0 pointing down the
+#: image (Toft's table with the first coordinate as the vertical one).
+_SHEPP_ELLIPSES = (
+    (1.0, 0.69, 0.92, 0.0, 0.0, 0),
+    (-0.8, 0.6624, 0.874, 0.0184, 0.0, 0),
+    (-0.2, 0.11, 0.31, 0.0, 0.22, -18),
+    (-0.2, 0.16, 0.41, 0.0, -0.22, 18),
+    (0.1, 0.21, 0.25, -0.35, 0.0, 0),
+    (0.1, 0.046, 0.046, -0.1, 0.0, 0),
+    (0.1, 0.046, 0.046, 0.1, 0.0, 0),
+    (0.1, 0.046, 0.023, 0.605, 0.08, 0),
+    (0.1, 0.023, 0.023, 0.606, 0.0, 0),
+    (0.1, 0.023, 0.046, 0.605, -0.06, 0),
+)
+
+
+def shepp_variant(size: int = 128, seed: int = 0) -> np.ndarray:
+    """A Shepp–Logan-like head: every ellipse jittered, the head turned and scaled.
+
+    Skull and brain are stretched together (each axis by up to ±15 %); every
+    inner ellipse's centre moves by up to 0.04, its semi-axes change by up to
+    ±15 %, its angle by up to ±15° and its value by up to ±30 %; the head is
+    then turned by an angle in [0°, 360°) and scaled by a factor in
+    [0.75, 0.95]. The image is clipped to [0, 1] and scaled to a maximum of 1.
+
+    Parameters
+    ----------
+    size : int, optional
+        Image side in pixels. Default 128.
+    seed : int, optional
+        Seed of the jitter. Default 0.
+
+    Returns
+    -------
+    ndarray of float32, shape (size, size)
+    """
+    size = _check_size(size)
+    rng = np.random.default_rng(seed)
+    turn, scale = rng.uniform(0, 2 * np.pi), rng.uniform(0.75, 0.95)
+    x0, x1 = _grid(size)
+    # coordinates of the unturned, unscaled head
+    h0 = (x0 * np.cos(turn) + x1 * np.sin(turn)) / scale
+    h1 = (-x0 * np.sin(turn) + x1 * np.cos(turn)) / scale
+    img = np.zeros((size, size))
+    head = rng.uniform(0.85, 1.15, size=2)  # skull and brain share one stretch
+    for k, (value, a, b, c0, c1, angle) in enumerate(_SHEPP_ELLIPSES):
+        if k < 2:
+            a, b = a * head[0], b * head[1]
+        else:
+            value *= rng.uniform(0.7, 1.3)
+            a, b = a * rng.uniform(0.85, 1.15), b * rng.uniform(0.85, 1.15)
+            c0, c1 = c0 + rng.uniform(-0.04, 0.04), c1 + rng.uniform(-0.04, 0.04)
+            angle += rng.uniform(-15, 15)
+        u, v = _rotated(h0, h1, c0, c1, np.deg2rad(angle))
+        img[(u / a) ** 2 + (v / b) ** 2 <= 1] += value
+    img = np.clip(img, 0, None)
+    peak = img.max()
+    return (img / peak if peak > 0 else img).astype(np.float32)
+
+
+#: scikit-image's bundled photographs (no download needed), for :func:`natural_crop`.
+NATURAL_IMAGES = ("camera", "coins", "moon", "astronaut", "coffee", "chelsea", "rocket",
+                  "brick", "grass", "gravel", "horse", "clock", "cell", "page", "text",
+                  "immunohistochemistry", "retina", "hubble_deep_field")
+
+
+@functools.lru_cache(maxsize=len(NATURAL_IMAGES))
+def _natural_image(name: str) -> np.ndarray:
+    import skimage.data
+    from skimage.color import rgb2gray
+    from skimage.util import img_as_float
+
+    img = img_as_float(getattr(skimage.data, name)())
+    if img.ndim == 3:
+        img = rgb2gray(img[..., :3])
+    return img.astype(np.float64)
+
+
+def natural_crop(size: int = 128, seed: int = 0) -> np.ndarray:
+    """A random square crop of a bundled scikit-image photograph, in grey levels.
+
+    The seed chooses the photograph (one of :data:`NATURAL_IMAGES`), the crop
+    side (30–80 % of the photograph's shorter side) and its position; the crop
+    is resized to ``size`` (anti-aliased) and scaled to [0, 1] by its own
+    minimum and maximum.
+
+    Parameters
+    ----------
+    size : int, optional
+        Image side in pixels. Default 128.
+    seed : int, optional
+        Seed of the choice. Default 0.
+
+    Returns
+    -------
+    ndarray of float32, shape (size, size)
+    """
+    from skimage.transform import resize
+
+    size = _check_size(size)
+    rng = np.random.default_rng(seed)
+    img = _natural_image(NATURAL_IMAGES[int(rng.integers(len(NATURAL_IMAGES)))])
+    side = int(rng.uniform(0.3, 0.8) * min(img.shape))
+    r0 = int(rng.integers(0, img.shape[0] - side + 1))
+    r1 = int(rng.integers(0, img.shape[1] - side + 1))
+    crop = resize(img[r0:r0 + side, r1:r1 + side], (size, size), order=1, anti_aliasing=True)
+    lo, hi = crop.min(), crop.max()
+    crop = (crop - lo) / (hi - lo) if hi > lo else np.zeros_like(crop)
+    return crop.astype(np.float32)
+
+
+def digit(index: int, size: int = 28) -> np.ndarray:
+    """The ``index``-th digit of :func:`digits`'s seed-0 order, alone.
+
+    ``digit(i, size)`` equals ``digits(i + 1, size, seed=0)[i]`` without
+    resizing the ``i`` digits before it.
+
+    Returns
+    -------
+    ndarray of float32, shape (size, size)
+    """
+    size = _check_size(size)
+    images, _ = _sklearn_digits()
+    if not 0 <= index < len(images):
+        raise InputError(f"must be in [0, {len(images)}), got {index!r}", field="index")
+    return _framed_digit(images[np.random.default_rng(0).permutation(len(images))[index]], size)
