@@ -1,0 +1,431 @@
+"""The fit's own error: an image-space variance beside the linearised posterior.
+
+The linearised posterior describes how far the weights may move given the
+data around the fitted network; it does not contain the fit's own bias
+(DIP+TV rounds and blurs edges), and evidence computed on the sinogram that
+the network fitted cannot see that bias either. ctuq therefore models the
+reconstruction error as (``docs/method.md``, "The fit's own error")::
+
+    x − x̂ = J (θ − θ*) + δ,     δ ~ N(0, diag(s0² + s1² e(x̂)²))
+
+with ``e(x̂)`` the edge strength of the reconstruction (:func:`edge_strength`)
+and ``s0 = t0 · rms(posterior std)``, so that both coefficients ``t0`` and
+``s1`` are free of the image's intensity unit. The total per-pixel variance
+is ``var_post + s0² + s1² e²``; result files keep the three parts.
+
+Three ways to set the coefficients:
+
+``'heldout'`` (per scan, no ground truth)
+    Fit the DIP on the angles without every ``k``-th one; the left-out
+    projections ``y_out ~ N(A_out x̂_in, A_out V A_outᵀ + σ² I)``, ``V =
+    diag(var_post + s0² + s1² e(x̂_in)²)``, give a likelihood of ``(t0,
+    s1)`` (:func:`fit_heldout`); the coefficients are then applied to the
+    fit on all angles.
+``'calibrated'`` (per preset, from simulated scans)
+    Maximise the pixel likelihood of known truths over ``(t0, s1)``
+    (:func:`fit_to_truth`); ``ctuq calibrate`` writes the result to a small
+    JSON file (:class:`ModelErrorCoefficients`) that a config names. ctuq
+    ships such files for its presets, fitted on the tuning split.
+``'conformal'`` (per preset, from simulated scans)
+    Split-conformal scaling of the posterior std (:func:`conformal_scale`):
+    with ``n`` calibration pixels, ``q`` is the ``⌈(n + 1) p⌉``-th smallest
+    score ``|x − x̂| / std``; for a new pixel exchangeable with the
+    calibration pixels, ``|x − x̂| ≤ q · std`` holds with probability at least
+    ``p``. Pixels of one image are not independent and a user's image is not
+    drawn from the calibration family, so the guarantee is marginal over
+    images like the calibration ones, nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ctuq.errors import InputError
+
+__all__ = ["METHODS", "ModelErrorCoefficients", "edge_strength", "model_error_variance",
+           "fit_to_truth", "fit_heldout", "heldout_split", "conformal_scale",
+           "edge_mask"]
+
+METHODS = ("none", "heldout", "calibrated", "conformal")
+FILE_FORMAT = "ctuq-model-error"
+
+
+def _img(x) -> Tensor:
+    t = torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x)
+    if t.ndim != 2:
+        raise InputError(f"expected an image (H, W), got shape {tuple(t.shape)}", field="image")
+    return t.double()
+
+
+def neighbour_difference(x) -> Tensor:
+    """``max_j |x_i − x_j|`` over the 4-neighbours ``j`` of every pixel, ``(H, W)`` float64."""
+    x = _img(x)
+    d = torch.zeros_like(x)
+    a, b = (x[1:] - x[:-1]).abs(), (x[:, 1:] - x[:, :-1]).abs()
+    d[:-1] = torch.maximum(d[:-1], a)
+    d[1:] = torch.maximum(d[1:], a)
+    d[:, :-1] = torch.maximum(d[:, :-1], b)
+    d[:, 1:] = torch.maximum(d[:, 1:], b)
+    return d
+
+
+def edge_strength(x) -> Tensor:
+    """The edge feature ``e(x)``: the largest neighbour difference within one pixel.
+
+    :func:`neighbour_difference` followed by a 3×3 maximum filter, so that
+    the pixels on both sides of an edge and their neighbours (where a blurred
+    edge puts its error) get the edge's height.
+
+    Parameters
+    ----------
+    x : array or Tensor, shape (H, W)
+
+    Returns
+    -------
+    Tensor, shape (H, W), float64
+        In the unit of ``x``.
+    """
+    d = neighbour_difference(x)
+    return F.max_pool2d(d[None, None], 3, stride=1, padding=1)[0, 0]
+
+
+def edge_mask(truth, threshold: float = 0.1) -> Tensor:
+    """Pixels within one pixel of an edge of ``truth``, ``(H, W)`` bool.
+
+    An edge is a neighbour difference above ``threshold`` times the truth's
+    range; the mask is that set dilated by a 3×3 square (the metric
+    "coverage on edges" of the benchmarks).
+    """
+    t = _img(truth)
+    rng = float(t.max() - t.min())
+    e = neighbour_difference(t) > threshold * rng if rng > 0 else torch.zeros_like(t, dtype=bool)
+    return F.max_pool2d(e[None, None].double(), 3, stride=1, padding=1)[0, 0] > 0
+
+
+@dataclass(frozen=True)
+class ModelErrorCoefficients:
+    """Coefficients of the model-error variance ``(t0 · rms(std_post))² + s1² e(x̂)²``.
+
+    Parameters
+    ----------
+    t0 : float
+        Constant term in units of the scan's RMS posterior std (>= 0).
+    s1 : float
+        Weight of the edge strength (dimensionless, >= 0).
+    method : str
+        How they were obtained: ``'heldout'``, ``'calibrated'``, ``'conformal'``
+        or ``'none'``.
+    conformal : float
+        Multiplier of the total std (1 unless ``method == 'conformal'``).
+    info : dict
+        Provenance: what they were fitted on (JSON-able).
+    """
+
+    t0: float = 0.0
+    s1: float = 0.0
+    method: str = "none"
+    conformal: float = 1.0
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("t0", "s1", "conformal"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v < 0:
+                raise InputError(f"must be a finite number >= 0, got {v!r}", field=name)
+        if self.conformal <= 0:
+            raise InputError(f"must be > 0, got {self.conformal!r}", field="conformal")
+        if self.method not in METHODS:
+            raise InputError(f"must be one of {', '.join(METHODS)}, got {self.method!r}",
+                             field="method")
+
+    # -- files ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"format": FILE_FORMAT, "version": 1, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict, *, file=None) -> "ModelErrorCoefficients":
+        if not isinstance(d, dict) or d.get("format") != FILE_FORMAT:
+            raise InputError(f"not a ctuq model-error file (format {FILE_FORMAT!r} expected)",
+                             file=file, field="format")
+        keys = {"t0", "s1", "method", "conformal", "info"}
+        try:
+            return cls(**{k: v for k, v in d.items() if k in keys})
+        except InputError as err:
+            raise InputError(err.message, file=file, field=err.field) from None
+        except TypeError as err:
+            raise InputError(str(err), file=file, field="model_error") from None
+
+    def save(self, path) -> Path:
+        """Write the coefficients as JSON (atomically)."""
+        from ctuq.data.io import atomic_output
+
+        path = Path(path)
+        with atomic_output(path, overwrite=True) as tmp:
+            Path(tmp).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path) -> "ModelErrorCoefficients":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputError("no such model-error file", file=path, field="model_error_file") \
+                from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise InputError(f"cannot read the model-error file: {err}", file=path,
+                             field="model_error_file") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InputError(f"not valid JSON: {err}", file=path, field="model_error_file") \
+                from None
+        return cls.from_dict(data, file=path)
+
+    # -- use --------------------------------------------------------------------
+    def variance(self, x_hat, posterior_variance) -> Tensor:
+        """The model-error variance map ``s0² + s1² e(x̂)²``, ``(H, W)`` float64."""
+        return model_error_variance(x_hat, posterior_variance, self.t0, self.s1)
+
+
+def model_error_variance(x_hat, posterior_variance, t0: float, s1: float) -> Tensor:
+    """``(t0 · rms(std_post))² + s1² e(x̂)²`` per pixel, ``(H, W)`` float64.
+
+    Parameters
+    ----------
+    x_hat : array or Tensor, shape (H, W)
+        The reconstruction.
+    posterior_variance : array or Tensor, shape (H, W)
+        The linearised posterior's per-pixel variance (its mean sets the
+        unit of ``t0``).
+    t0, s1 : float
+    """
+    vp = _img(posterior_variance)
+    e = edge_strength(x_hat)
+    return (t0**2) * vp.mean() + (s1**2) * e.square()
+
+
+# ------------------------------------------------------------------------------
+# fits
+
+
+def _positive_lbfgs(nll, init: list[float], max_iter: int = 200) -> Tensor:
+    """Minimise ``nll(log_params)`` with L-BFGS; returns the minimiser (log space)."""
+    p = torch.tensor(init, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([p], max_iter=max_iter, tolerance_grad=1e-10,
+                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = nll(p)
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    return p.detach()
+
+
+#: Starting point and floor of the fits, in log space: t0 = 1, s1 = 0.3.
+_INIT = (0.0, math.log(0.3))
+_LOG_MIN = math.log(1e-8)
+
+
+def fit_to_truth(truths, means, posterior_variances) -> ModelErrorCoefficients:
+    """Coefficients that maximise the pixel likelihood of known truths (method ``'calibrated'``).
+
+    Maximises ``Σ_images mean_pixels log N(x; x̂, var_post + s0² + s1² e(x̂)²)``
+    over ``(t0, s1)``: every image counts the same, whatever its size.
+
+    Parameters
+    ----------
+    truths, means, posterior_variances : sequences of arrays, each (H, W)
+        Ground truths, reconstructions and posterior variances of the
+        calibration scans.
+
+    Returns
+    -------
+    ModelErrorCoefficients
+        With ``method='calibrated'`` and the mean log-likelihood in ``info``.
+    """
+    rows = []
+    for t, m, v in zip(truths, means, posterior_variances, strict=True):
+        vp = _img(v)
+        rows.append(((_img(t) - _img(m)).square().reshape(-1), vp.reshape(-1),
+                     vp.mean(), edge_strength(m).square().reshape(-1)))
+    if not rows:
+        raise InputError("no calibration images", field="truths")
+
+    def nll(p):
+        lp = p.clamp_min(_LOG_MIN)
+        t0sq, s1sq = torch.exp(2 * lp[0]), torch.exp(2 * lp[1])
+        total = 0
+        for r2, vp, vbar, e2 in rows:
+            var = vp + t0sq * vbar + s1sq * e2
+            total = total + 0.5 * (r2 / var + var.log()).mean()
+        return total / len(rows)
+
+    p = _positive_lbfgs(nll, list(_INIT))
+    t0, s1 = (float(math.exp(v)) if v > _LOG_MIN else 0.0 for v in p.tolist())
+    ll = -float(nll(p)) - 0.5 * math.log(2 * math.pi)
+    return ModelErrorCoefficients(t0, s1, "calibrated",
+                                  info={"n_images": len(rows), "pixel_log_likelihood": ll})
+
+
+def heldout_split(n_angles: int, every: int) -> np.ndarray:
+    """Mask of the left-out angles: every ``every``-th, starting at ``every // 2``.
+
+    Raises
+    ------
+    InputError
+        If fewer than 2 angles would be left out or fewer than 4 kept.
+    """
+    if not isinstance(every, int) or isinstance(every, bool) or every < 2:
+        raise InputError(f"must be an integer >= 2, got {every!r}", field="heldout_every")
+    out = (np.arange(n_angles) % every) == (every // 2)
+    if out.sum() < 2 or (~out).sum() < 4:
+        raise InputError(f"{n_angles} angles are too few to leave every {every}-th out "
+                         f"(need >= 2 left out and >= 4 kept)", field="heldout_every")
+    return out
+
+
+def _projection_rows(op, rows: np.ndarray, batch: int = 256):
+    """Rows ``A[rows, :]`` of the ray transform as a scipy CSR matrix, by adjoint products."""
+    import scipy.sparse as sp
+
+    n_meas = int(np.prod(op.range_shape))
+    parts = []
+    for start in range(0, len(rows), batch):
+        idx = torch.as_tensor(rows[start:start + batch])
+        unit = torch.zeros(len(idx), n_meas, dtype=torch.float32, device=op.device)
+        unit[torch.arange(len(idx)), idx.to(op.device)] = 1.0
+        with torch.no_grad():
+            back = op.A_adjoint(unit.reshape(len(idx), *op.range_shape))
+        dense = back.reshape(len(idx), -1).cpu().numpy()
+        dense[np.abs(dense) < 1e-7 * max(float(np.abs(dense).max()), 1e-30)] = 0
+        parts.append(sp.csr_matrix(dense))
+    return sp.vstack(parts).tocsr()
+
+
+def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
+                max_rows: int = 2048, seed: int = 0) -> ModelErrorCoefficients:
+    """Coefficients from the likelihood of held-out projections (method ``'heldout'``).
+
+    The left-out measurements ``y_out`` of a DIP fit ``x̂_in`` on the other
+    angles are modelled as ``N(A_out x̂_in, A_out V A_outᵀ + σ² I)`` with
+    ``V = diag(var_post + s0² + s1² e(x̂_in)²)``; ``(t0, s1)`` maximise that
+    likelihood (exact, by a Cholesky factor per evaluation).
+
+    Parameters
+    ----------
+    op : RayTransform
+        The operator of all angles (``op.A_adjoint`` gives the rows of ``A``).
+    y : Tensor, shape (n_angles, n_detector)
+        The whole sinogram.
+    out_mask : array of bool, shape (n_angles,)
+        The left-out angles (:func:`heldout_split`).
+    x_hat_in : array or Tensor, shape (H, W)
+        The reconstruction fitted without the left-out angles.
+    posterior_variance : array or Tensor, shape (H, W)
+        The linearised posterior's per-pixel variance (of the fit on all
+        angles: a stand-in for the subset fit's, which is a little larger).
+    noise_var : float
+        ``σ²`` of the measurements.
+    max_rows : int, optional
+        At most this many left-out measurements enter the likelihood (an even
+        subsample beyond it; the marginal of a Gaussian is exact). Default 2048.
+    seed : int, optional
+        Seed of that subsample. Default 0.
+
+    Returns
+    -------
+    ModelErrorCoefficients
+        With ``method='heldout'`` and the fit's details in ``info``.
+    """
+    y = torch.as_tensor(y).reshape(op.range_shape)
+    out_mask = np.asarray(out_mask, dtype=bool)
+    n_det = op.range_shape[1]
+    rows = (np.flatnonzero(out_mask)[:, None] * n_det + np.arange(n_det)[None]).reshape(-1)
+    with torch.no_grad():
+        pred = op.A(torch.as_tensor(x_hat_in, dtype=torch.float32).to(op.device)).reshape(-1)
+    r_all = (y.reshape(-1).to(pred) - pred).double().cpu().numpy()
+    B = _projection_rows(op, rows)
+    keep = np.flatnonzero(B.getnnz(axis=1) > 0)  # rays that miss the image carry no error
+    if len(keep) > max_rows:
+        keep = np.sort(np.random.default_rng(seed).choice(keep, max_rows, replace=False))
+    if len(keep) < 8:
+        raise InputError("too few held-out measurements see the image", field="heldout_every")
+    B = B[keep]
+    r = torch.as_tensor(r_all[rows[keep]])
+    vp = _img(posterior_variance).reshape(-1).numpy()
+    e2 = edge_strength(x_hat_in).square().reshape(-1).numpy()
+
+    def gram(w):
+        return torch.as_tensor((B.multiply(w[None]) @ B.T).toarray(), dtype=torch.float64)
+
+    M_post, M_const, M_edge = gram(vp), gram(np.ones_like(vp) * float(vp.mean())), gram(e2)
+    eye = torch.eye(len(keep), dtype=torch.float64) * float(noise_var)
+
+    def nll(p) -> float:
+        # one Cholesky per evaluation; derivative-free search (autograd through the
+        # factorisation costs ~20x an evaluation, and there are only two parameters)
+        lp = np.maximum(np.asarray(p, dtype=np.float64), _LOG_MIN)
+        M = M_post + math.exp(2 * lp[0]) * M_const + math.exp(2 * lp[1]) * M_edge + eye
+        L, info = torch.linalg.cholesky_ex(M)
+        if int(info) != 0:
+            return math.inf
+        a = torch.cholesky_solve(r[:, None], L)[:, 0]
+        return float(0.5 * (r @ a) + torch.log(torch.diagonal(L)).sum()) / len(keep)
+
+    from scipy.optimize import minimize
+
+    best = minimize(nll, np.array(_INIT), method="Nelder-Mead",
+                    options={"xatol": 1e-3, "fatol": 1e-9, "maxiter": 400})
+    t0, s1 = (float(math.exp(v)) if v > _LOG_MIN else 0.0 for v in best.x)
+    return ModelErrorCoefficients(t0, s1, "heldout", info={
+        "heldout_angles": int(out_mask.sum()), "measurements": int(len(keep)),
+        "nll_per_measurement": float(best.fun),
+        "nll_without_model_error": nll([_LOG_MIN - 1.0, _LOG_MIN - 1.0])})
+
+
+def conformal_scale(truths, means, stds, coverage: float = math.erf(2 / math.sqrt(2))) -> float:
+    """Split-conformal multiplier ``q / 2`` of the std for ``±2σ`` at ``coverage``.
+
+    The score of a pixel is ``|x − x̂| / std``; with ``n`` pooled calibration
+    pixels ``q`` is the ``⌈(n + 1) · coverage⌉``-th smallest score. The
+    returned factor ``q / 2`` makes ``x̂ ± 2 · factor · std`` a conformal
+    interval at that coverage (see the module docstring for what the
+    guarantee covers).
+
+    Parameters
+    ----------
+    truths, means, stds : sequences of arrays, each (H, W)
+    coverage : float, optional
+        Target coverage of the ±2σ interval. Default 0.9545.
+
+    Returns
+    -------
+    float
+    """
+    if not 0 < coverage < 1:
+        raise InputError(f"must be in (0, 1), got {coverage!r}", field="coverage")
+    scores = torch.cat([((_img(t) - _img(m)).abs() / _img(s).clamp_min(1e-300)).reshape(-1)
+                        for t, m, s in zip(truths, means, stds, strict=True)])
+    n = scores.numel()
+    if n == 0:
+        raise InputError("no calibration pixels", field="truths")
+    k = math.ceil((n + 1) * coverage)
+    if k > n:
+        raise InputError(f"{n} calibration pixels are too few for coverage {coverage}",
+                         field="coverage")
+    q = float(torch.kthvalue(scores, k).values)
+    return q / 2.0

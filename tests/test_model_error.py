@@ -1,0 +1,118 @@
+"""The model-error term: coefficients recovered where the true bias variance is known."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ctuq.data.geometry import Geometry
+from ctuq.data.operators import RayTransform
+from ctuq.data.phantoms import ellipses
+from ctuq.errors import InputError
+from ctuq.recon import model_error as me
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _synthetic(n_images, size, t0, s1, seed):
+    """Truth = x̂ + δ with δ ~ N(0, var_post + s0² + s1² e(x̂)²), exactly the model."""
+    gen = np.random.default_rng(seed)
+    out = []
+    for i in range(n_images):
+        x_hat = ellipses(size, seed=100 + i).astype(np.float64)
+        vp = gen.uniform(0.5, 1.5, x_hat.shape) * 1e-4
+        var = vp + me.model_error_variance(x_hat, vp, t0, s1).numpy()
+        out.append((x_hat + gen.standard_normal(x_hat.shape) * np.sqrt(var), x_hat, vp))
+    return out
+
+
+def test_edge_strength_marks_both_sides_of_an_edge_and_their_neighbours():
+    x = np.zeros((9, 9))
+    x[:, 5:] = 2.0
+    e = me.edge_strength(x).numpy()
+    assert np.all(e[:, 3:7] == 2.0) and np.all(e[:, :3] == 0) and np.all(e[:, 7:] == 0)
+    mask = me.edge_mask(x).numpy()
+    assert np.array_equal(mask, e > 0)
+
+
+def test_fit_to_truth_recovers_known_coefficients():
+    data = _synthetic(6, 48, t0=2.0, s1=0.3, seed=0)
+    c = me.fit_to_truth(*zip(*data))
+    assert c.method == "calibrated"
+    assert c.t0 == pytest.approx(2.0, rel=0.05) and c.s1 == pytest.approx(0.3, rel=0.05)
+
+
+def test_fit_to_truth_finds_no_model_error_when_there_is_none():
+    data = _synthetic(4, 48, t0=0.0, s1=0.0, seed=1)
+    c = me.fit_to_truth(*zip(*data))
+    assert c.t0 < 0.2 and c.s1 < 0.01
+
+
+def test_fit_heldout_recovers_known_coefficients_from_projections_alone():
+    # x̂_in is the "fit"; the truth differs from it by the modelled δ; the
+    # held-out projections of the truth are all the fit sees
+    size, t0, s1 = 32, 3.0, 0.25
+    gen = np.random.default_rng(3)
+    x_in = ellipses(size, seed=7).astype(np.float64)
+    vp = np.full(x_in.shape, 1e-4)
+    var = vp + me.model_error_variance(x_in, vp, t0, s1).numpy()
+    op = RayTransform(Geometry.parallel(size, n_angles=90), backend="matrix")
+    sigma = 1e-3
+    estimates = []
+    for rep in range(4):
+        truth = x_in + gen.standard_normal(x_in.shape) * np.sqrt(var)
+        y = op(torch.as_tensor(truth, dtype=torch.float32)).double()
+        y = y + sigma * torch.as_tensor(gen.standard_normal(tuple(y.shape)))
+        out = me.heldout_split(90, 3)
+        c = me.fit_heldout(op, y, out, x_in, vp, sigma**2, max_rows=700, seed=rep)
+        estimates.append((c.t0, c.s1))
+        assert c.info["nll_per_measurement"] < c.info["nll_without_model_error"]
+    t0_hat, s1_hat = np.mean(estimates, 0)
+    assert t0_hat == pytest.approx(t0, rel=0.15) and s1_hat == pytest.approx(s1, rel=0.15)
+
+
+def test_conformal_scale_gives_its_coverage_on_exchangeable_data():
+    gen = np.random.default_rng(4)
+    def draw(n):
+        std = gen.uniform(0.5, 2.0, (n, 32, 32))
+        err = gen.standard_t(4, (n, 32, 32)) * std * 1.7  # heavier tails, wrong scale
+        return list(err), [np.zeros((32, 32))] * n, list(std)
+    q = me.conformal_scale(*draw(20))
+    t, m, s = draw(20)
+    z = np.abs(np.array(t)) / np.array(s)
+    covered = float((z <= 2 * q).mean())
+    assert 0.945 <= covered <= 0.965
+    assert float((z <= 2).mean()) < 0.9  # the raw std was overconfident
+
+
+def test_coefficients_file_round_trip_and_errors(tmp_path):
+    c = me.ModelErrorCoefficients(1.5, 0.2, "calibrated", info={"preset": "dip-64"})
+    path = c.save(tmp_path / "me.json")
+    assert me.ModelErrorCoefficients.load(path) == c
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(InputError, match="format"):
+        me.ModelErrorCoefficients.load(tmp_path / "bad.json")
+    (tmp_path / "neg.json").write_text(json.dumps({**c.to_dict(), "s1": -1}))
+    with pytest.raises(InputError, match="s1"):
+        me.ModelErrorCoefficients.load(tmp_path / "neg.json")
+    (tmp_path / "nan.json").write_text('{"format": "ctuq-model-error", "t0": NaN}')
+    with pytest.raises(InputError, match="t0"):
+        me.ModelErrorCoefficients.load(tmp_path / "nan.json")
+    (tmp_path / "text.json").write_text("not json")
+    with pytest.raises(InputError, match="JSON"):
+        me.ModelErrorCoefficients.load(tmp_path / "text.json")
+    with pytest.raises(InputError, match="no such"):
+        me.ModelErrorCoefficients.load(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("n, every", [(6, 6), (10, 1), (5, 2)])
+def test_heldout_split_refuses_too_few_angles(n, every):
+    with pytest.raises(InputError, match="heldout_every"):
+        me.heldout_split(n, every)
+
+
+def test_heldout_split_leaves_out_every_kth_angle():
+    m = me.heldout_split(60, 6)
+    assert m.sum() == 10 and np.all(np.flatnonzero(m) % 6 == 3)
