@@ -93,21 +93,21 @@ def ct_runs() -> dict:
 
 
 def _sampler_runs(dip, op, y, sigma) -> dict:
-    from ctuq.recon.linearize import Linearization
-    from ctuq.recon.priors import BlockPrior
-    from ctuq.recon.sampling import sample_posterior
+    from ctuq.posterior import BlockPrior, CGSampler, Linearization, STOOptions, STOSampler
+    from ctuq.recon.evidence import ct_likelihood
 
     lin = Linearization(dip.model, dip.net_input)
+    lik = ct_likelihood(lin, op, y)
     prior = BlockPrior(lin, variance=0.05)
     out = {}
     gen = torch.Generator().manual_seed(5)
-    mb = sample_posterior(lin, op, prior, sigma**2, y, 3, "sto", generator=gen,
-                          batch_angles=5, iterations=40)
+    mb = STOSampler(STOOptions(batch_size=5, iterations=40)).sample(lik, prior, sigma**2, 3,
+                                                                    generator=gen)
     out["sto_mb_theta"] = mb.theta_star
     out["sto_mb_z"] = mb.z
-    cg = sample_posterior(lin, op, prior, sigma**2, y, 3, "cg", generator=gen)
+    cg = CGSampler().sample(lik, prior, sigma**2, 3, generator=gen)
     prior.set_hyperparameters(variances=0.08)
-    cg2 = sample_posterior(lin, op, prior, sigma**2, y, 3, "cg", generator=gen, warm_start=cg)
+    cg2 = CGSampler().sample(lik, prior, sigma**2, 3, generator=gen, warm_start=cg)
     out["cg_theta"] = cg2.theta_star
     out["cg_z"] = cg2.z
     return out
@@ -117,7 +117,7 @@ def classify_runs() -> dict:
     """Digits, a small MLP: map and the sampled LLA, ARD full batch and g-prior mini-batched."""
     from dataclasses import replace
 
-    from ctuq.recon import classify_bench as B
+    from ctuq.classify import bench as B
 
     out = {}
     base = B.BenchConfig(epochs=15, em_steps=3, em_samples=4, predictive_samples=16,

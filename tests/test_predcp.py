@@ -1,4 +1,4 @@
-"""TV-PredCP: the reparameterised estimator of κ_b and its derivatives (METHOD.md §4)."""
+"""TV-PredCP: the reparameterised estimator of κ_b and its derivatives (docs/method.md §7)."""
 
 import math
 
@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from ctuq.models.unet import build_unet
+from ctuq.posterior import BlockPrior, GPrior, Linearization
 from ctuq.recon.dip import total_variation
-from ctuq.recon.linearize import Linearization
 from ctuq.recon.predcp import TVPredCP, hyperparameter_tensors, predcp_weight, tv_gradient
-from ctuq.recon.priors import BlockPrior, GPrior
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
