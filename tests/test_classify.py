@@ -16,8 +16,9 @@ import torch
 from ctuq.data.classification import (load_classification, load_mnist_like, permuted_images,
                                       read_idx, rotate_images)
 from ctuq.errors import InputError
-from ctuq.models.classifiers import build_classifier
 import ctuq.classify as C
+from ctuq.models.classifiers import build_classifier
+from ctuq.posterior import b_mul_jacobian
 from ctuq.classify import metrics as M
 
 
@@ -248,6 +249,15 @@ def test_sto_matches_the_exact_solution_of_its_draws(tiny):
         z_exact = prior.cov_sqrt(w_exact)
     err = (s.z.double() - z_exact).norm(dim=1) / z_exact.norm(dim=1)
     assert float(err.max()) < 1e-2
+    # and that is the Matheron sample of its draws (u, e), the CT samplers' convention:
+    # θ⁰ − ΣΦᵀ(ΦΣΦᵀ + I)⁻¹(Φθ⁰ + e) = H⁻¹(Σ⁻¹θ⁰ − Φᵀe) with Φ = B J
+    Phi = b_mul_jacobian(clin.probs(x).double(), clin.jacobian(x, torch.float64))
+    Phi = Phi.reshape(-1, clin.num_params)
+    with torch.no_grad():
+        theta0 = prior.cov_sqrt(s.state.base_u.double())
+        rhs = prior.precision(theta0) - s.state.base_e.double() @ Phi
+    z_matheron = torch.linalg.solve(exact.hessian(prior), rhs.t()).t()
+    assert float(((z_matheron - z_exact).norm(dim=1) / z_exact.norm(dim=1)).max()) < 1e-5
     # without a preconditioner (plain Nesterov SGD) and mini-batched, same draws: close too
     opts = replace(C.CLASSIFIER_STO, iterations=1500, precond_rank=0, batch_size=60,
                    polyak_start=0.5)

@@ -150,7 +150,6 @@ class CategoricalLikelihood(Likelihood):
     """
 
     batch_axis = "data points"
-    _anchor_sign = 1
 
     def __init__(self, clin: ClassifierLinearization, x: Tensor, probs: Tensor | None = None):
         self.lin = clin

@@ -66,8 +66,6 @@ class Likelihood:
     target: Tensor | None = None
     #: What the mini-batch axis counts (for messages).
     batch_axis: str = "observations"
-    #: Sign of the noise term in the sample-then-optimise anchors (see the STO sampler).
-    _anchor_sign: int = -1
 
     # -- to be provided -----------------------------------------------------------
     def phi(self, v: Tensor, idx: Tensor | None = None) -> Tensor:  # pragma: no cover

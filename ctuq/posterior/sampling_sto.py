@@ -265,7 +265,7 @@ class STOSampler(Sampler):
             if k:
                 pull = prior.cov_sqrt(likelihood.phi_t(e.view(k, *likelihood.obs_shape)),
                                       transpose=True) / sigma
-                anchor[m:] = u + pull if likelihood._anchor_sign > 0 else u - pull
+                anchor[m:] = u - pull
             target = None
             if m:
                 target = torch.zeros(m + k, *likelihood.obs_shape, device=device)
