@@ -418,7 +418,7 @@ def test_gradient_path_reaches_the_exact_optimum(problem):
     Its iterates carry the Hutchinson noise (8 probes per step); the Polyak
     average lands within a few per cent of the optimum, so the evidence is
     checked to 1 % here (the sample-based EM path: 0.5 %)."""
-    lin, op, y, s2 = problem.lin, problem.op, problem.y, problem.sigma**2
+    s2 = problem.sigma**2
     prior = initial_prior(problem.lik, "gprior", init_variance=0.1,
                           generator=torch.Generator().manual_seed(0))
     orc = EvidenceOracle(problem.lik, prior)

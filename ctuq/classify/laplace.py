@@ -80,11 +80,9 @@ def gprior_for(clin: ClassifierLinearization, x: Tensor, probs: Tensor | None = 
 
     Parameters
     ----------
-    clin : ClassifierLinearization
-    x : Tensor, shape (N, 1, H, W)
-        Training inputs.
-    probs : Tensor, shape (N, C), optional
-        ``softmax f(x, θ̂)`` (computed if not given).
+    clin, x, probs
+        The classifier's linearisation, training inputs ``[N, 1, H, W]`` and
+        (optional) probabilities, as for :class:`CategoricalLikelihood`.
     g : float, optional
         Initial ``g``. Default 1.
     exact : bool or None, optional
@@ -284,15 +282,15 @@ def fit_prior(clin: ClassifierLinearization, x: Tensor, prior: GaussianPrior, *,
     em = EMOptions(n_samples=int(k), em_steps=int(em_steps), em_tol=float(tol), update=update,
                    learn_noise=False, inactive_gamma=0.0)
     lik = CategoricalLikelihood(clin, x, probs)
-    before = None
-    if mode == "linear":
-        found: list[Tensor] = []
+    found: list[Tensor] = []
 
-        def before(prior_: GaussianPrior) -> None:
-            theta = linear_mode(clin, x, y, prior_, init=found[-1] if found else None)
-            found.append(theta)
-            lik.set_mode(theta, torch.softmax(linear_logits(clin, theta, x), -1))
+    def refresh_mode(prior_: GaussianPrior) -> None:
+        # the linear model's MAP under the current prior (warm-started), the GGN there
+        theta = linear_mode(clin, x, y, prior_, init=found[-1] if found else None)
+        found.append(theta)
+        lik.set_mode(theta, torch.softmax(linear_logits(clin, theta, x), -1))
 
     sampler = STOSampler(options if options is not None else CLASSIFIER_STO)
     return fit_hyperparameters(lik, prior, 1.0, sampler, em, generator=generator,
-                               before_estep=before, progress=progress, cancel=cancel)
+                               before_estep=refresh_mode if mode == "linear" else None,
+                               progress=progress, cancel=cancel)

@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 class EMOptions:
     """Settings of :func:`fit_hyperparameters`.
 
+    The defaults are the CT pipeline's; a client with other needs (the
+    classifiers: no noise to learn, every block counted) passes its own.
+
     Parameters
     ----------
     n_samples : int

@@ -111,11 +111,22 @@ class WarmStart:
 class Sampler:
     """Common driver of the samplers: checks, base draws, warm starts, timing.
 
-    Subclasses set ``method`` and ``options`` and implement :meth:`_solve`.
+    Subclasses set ``method`` and ``options_class`` and implement :meth:`_solve`.
+
+    Parameters
+    ----------
+    options : optional
+        An instance of the subclass's ``options_class`` (default: its defaults).
     """
 
     method = ""
-    options: object = None
+    options_class: type = object
+
+    def __init__(self, options=None):
+        if options is not None and not isinstance(options, self.options_class):
+            raise InputError(f"expected {self.options_class.__name__}, got "
+                             f"{type(options).__name__}", field="options")
+        self.options = options if options is not None else self.options_class()
 
     def sample(self, likelihood, prior, noise_var, k: int, *,
                generator: torch.Generator | None = None,
@@ -195,8 +206,8 @@ class Sampler:
             warm.samples = sol[m:] if reuse_draws else None
             if preconditioner is None:
                 warm.preconditioner = warm_start.state.preconditioner
-        res = self._solve(likelihood, prior, noise_var, u, e, gen, warm, theta_star0, z0,
-                          progress, cancel, stage)
+        res = self._solve(self.options, likelihood, prior, noise_var, u, e, gen, warm,
+                          theta_star0, z0, progress, cancel, stage)
         res.info["time"] = time.perf_counter() - t0
         res.info["k"] = k
         log.info("%s sampler: k=%d, %d iterations, converged %s, max residual %.2e, %.2f s",
@@ -205,9 +216,10 @@ class Sampler:
                  res.info["time"])
         return res
 
-    def _solve(self, likelihood, prior, noise_var: float, u: Tensor, e: Tensor, gen,
-               warm: WarmStart, theta_star0, z0, progress, cancel,
+    def _solve(self, options, likelihood, prior, noise_var: float, u: Tensor, e: Tensor,
+               gen, warm: WarmStart, theta_star0, z0, progress, cancel,
                stage: str) -> PosteriorSample:  # pragma: no cover - abstract
+        """One solve with the base draws ``u`` (``[k, d_θ]``) and ``e`` (``[k, d_y]``)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

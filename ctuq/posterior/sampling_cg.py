@@ -277,16 +277,10 @@ class CGSampler(Sampler):
     """
 
     method = "cg"
+    options_class = CGOptions
 
-    def __init__(self, options: CGOptions | None = None):
-        if options is not None and not isinstance(options, CGOptions):
-            raise InputError(f"expected CGOptions, got {type(options).__name__}",
-                             field="options")
-        self.options = options if options is not None else CGOptions()
-
-    def _solve(self, likelihood, prior, noise_var, u, e, gen, warm: WarmStart, theta_star0,
-               z0, progress, cancel, stage) -> PosteriorSample:
-        options = self.options
+    def _solve(self, options, likelihood, prior, noise_var, u, e, gen, warm: WarmStart,
+               theta_star0, z0, progress, cancel, stage) -> PosteriorSample:
         t0 = time.perf_counter()
         kern = ObservationKernel(likelihood, prior, noise_var)
         sigma = math.sqrt(noise_var)

@@ -235,16 +235,10 @@ class STOSampler(Sampler):
     """
 
     method = "sto"
+    options_class = STOOptions
 
-    def __init__(self, options: STOOptions | None = None):
-        if options is not None and not isinstance(options, STOOptions):
-            raise InputError(f"expected STOOptions, got {type(options).__name__}",
-                             field="options")
-        self.options = options if options is not None else STOOptions()
-
-    def _solve(self, likelihood, prior, noise_var, u, e, gen, warm: WarmStart, theta_star0,
-               z0, progress, cancel, stage) -> PosteriorSample:
-        options = self.options
+    def _solve(self, options, likelihood, prior, noise_var, u, e, gen, warm: WarmStart,
+               theta_star0, z0, progress, cancel, stage) -> PosteriorSample:
         t0 = time.perf_counter()
         k, d = u.shape[0], likelihood.num_params
         n = likelihood.batch_size_max

@@ -1,7 +1,7 @@
 """Deep-image-prior reconstruction with TV regularisation (DIP+TV).
 
 A U-net ``f(θ)`` with a fixed input (the FBP of ``y``, or fixed noise) is
-fitted to one sinogram (METHOD.md §2)::
+fitted to one sinogram (docs/method.md §1)::
 
     θ̃ = argmin_θ  ‖A f(θ) − y‖² + γ · TV(f(θ))
 
