@@ -467,3 +467,25 @@ def test_gprior_starts_on_the_data_scale(problem):
     explicit = initial_prior(problem.lik, "gprior", init_variance=0.5)
     assert float(explicit.variances.reshape(-1)[0]) == pytest.approx(0.5)
     assert float(initial_prior(problem.lik, "ard").variances[0]) == 1.0
+
+
+def test_the_m_step_is_replaceable_and_gets_the_e_step_statistics(problem):
+    """The hook issue 21's MAP-II M-step plugs into: it sees θ*, γ̂ and the samples of the
+    E-step (held fixed) and returns σ²; delegating to the default changes nothing."""
+    from ctuq.posterior import closed_form_mstep
+
+    calls = []
+
+    def mstep(prior, stats, theta_star, z, noise_var, **kw):
+        calls.append((stats.gamma_hat.clone(), theta_star.clone(), z.shape, noise_var))
+        return closed_form_mstep(prior, stats, theta_star, z, noise_var, **kw)
+
+    kw = dict(prior="ard", em=EMOptions(n_samples=4, em_steps=2, em_tol=0))
+    args = (problem.lin, problem.op, problem.y, problem.sigma**2)
+    post = fit_posterior(*args, **kw, sampler=_dense(problem, "ard"), mstep=mstep)
+    ref = fit_posterior(*args, **kw, sampler=_dense(problem, "ard"))
+    assert len(calls) == 2 and calls[0][2] == (4, problem.lin.num_params)
+    assert calls[0][0].tolist() == post.trace[0]["gamma_hat"]
+    assert calls[1][3] == post.trace[1]["sigma2"]
+    assert post.hyperparameters()["a_b"] == ref.hyperparameters()["a_b"]
+    assert torch.equal(post.samples, ref.samples)

@@ -134,7 +134,8 @@ def fit_posterior(lin: Linearization, op, y, noise_var: float, *,
                   prior: str | GaussianPrior = "gprior", em: EMOptions | None = None,
                   sampler=None, predcp: PredCPOptions | None = None,
                   tv_weight: float | None = None, init_variance: float | None = None,
-                  init_lengthscale: float = 0.1, progress: Callable | None = None,
+                  init_lengthscale: float = 0.1, mstep: Callable | None = None,
+                  progress: Callable | None = None,
                   cancel: Callable[[], bool] | None = None) -> FittedPosterior:
     """Fit the prior and noise hyperparameters of the linearised DIP by sample-based EM.
 
@@ -164,6 +165,8 @@ def fit_posterior(lin: Linearization, op, y, noise_var: float, *,
         ``λ = predcp.scale · γ``. Without it PredCP is skipped (warned).
     init_variance, init_lengthscale : optional
         See :func:`initial_prior`.
+    mstep : callable, optional
+        The M-step (default :func:`ctuq.posterior.mstep.closed_form_mstep`).
     progress, cancel : callable, optional
         ``emit_progress(progress, "em", step, total, message)`` after every
         E-/M-step; ``cancel`` is checked between steps and inside the solves.
@@ -210,7 +213,7 @@ def fit_posterior(lin: Linearization, op, y, noise_var: float, *,
                                   torch.Generator().manual_seed(int(em.seed) + 3),
                                   lengthscales=learn_l)
     post = fit_hyperparameters(likelihood, prior, sigma2, sampler, em, hyperprior=hyperprior,
-                               generator=gen, progress=progress, cancel=cancel)
+                               mstep=mstep, generator=gen, progress=progress, cancel=cancel)
     post.reported["predcp_weight"] = weight
     post.info.update(predcp_weight=weight,
                      tv_weight=None if tv_weight is None else float(tv_weight))
