@@ -37,6 +37,7 @@ apt-deps:
 	fi
 
 test: $(STAMP) apt-deps
+	$(VENV)/bin/lint-imports
 	QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1280x1024x24" $(PY) -m pytest
 
 demo: $(STAMP)

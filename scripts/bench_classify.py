@@ -26,11 +26,12 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
-from ctuq.recon import classify as C
-from ctuq.recon import classify_bench as B
+import ctuq.classify as C
+from ctuq.classify import bench as B
 
 METHODS = ("map", "map-temp", "lla-sampled", "lla-sampled-val", "lla-last-layer",
            "lla-last-layer-val", "lla-exact", "lla-exact-val", "mc-dropout")
@@ -84,8 +85,8 @@ def main(argv=None) -> int:
     cfg = B.BenchConfig(model=args.model, prior=args.prior, epochs=args.epochs,
                         train_prior_precision=args.train_prior_precision,
                         lla_mode=args.lla_mode, val_fraction=args.val_fraction,
-                        sto=C.STOOptions(iterations=args.sto_iterations,
-                                         batch_size=args.sto_batch_size))
+                        sto=replace(C.CLASSIFIER_STO, iterations=args.sto_iterations,
+                                    batch_size=args.sto_batch_size))
     seeds = [int(s) for s in args.seeds.split(",")]
     t0 = time.perf_counter()
     results = []

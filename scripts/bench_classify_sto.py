@@ -1,6 +1,6 @@
 """Full-batch against mini-batched sample-then-optimise in the classification LLA: one JSON document.
 
-The sampling paper's claim (METHOD.md §5, sampler 2): with the variance-reduced
+The sampling paper's claim (docs/method.md §5.2): with the variance-reduced
 objective the data term of the sampler can be mini-batched. For each seed and
 each sampler variant this runs the benchmark's ``map``, ``lla-sampled`` and
 ``lla-sampled-val`` (:func:`ctuq.recon.classify_bench.run_benchmark`; MacKay
@@ -29,11 +29,12 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
-from ctuq.recon import classify as C
-from ctuq.recon import classify_bench as B
+import ctuq.classify as C
+from ctuq.classify import bench as B
 
 METHODS = ("map", "lla-sampled", "lla-sampled-val")
 METRICS = ("accuracy", "nll", "ece", "ood_auroc", "rotation_nll")
@@ -104,7 +105,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     for s in seeds:
         for name, bs in variants.items():
-            cfg = base.with_(sto=C.STOOptions(iterations=args.iterations, batch_size=bs))
+            cfg = base.with_(sto=replace(C.CLASSIFIER_STO, iterations=args.iterations,
+                                          batch_size=bs))
             res = B.run_seeds(args.dataset, METHODS, cfg, [s], data_dir=args.data_dir,
                               n_train=args.n_train, n_test=args.n_test)[0]
             runs[name].append(_record(res))

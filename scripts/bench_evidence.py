@@ -49,10 +49,10 @@ from ctuq.data.phantoms import digits
 from ctuq.data.simulate import simulate_sinogram
 from ctuq.models.unet import unet_preset
 from ctuq.recon import predictive
+from ctuq.posterior import EMOptions, EvidenceOracle, ExactPosterior, Linearization
 from ctuq.recon.dip import DIPConfig, fit_dip
-from ctuq.recon.evidence import EvidenceConfig, EvidenceOracle, build_prior, fit_posterior
-from ctuq.recon.exact import ExactPosterior
-from ctuq.recon.linearize import Linearization
+from ctuq.recon.evidence import ct_likelihood, fit_posterior, initial_prior
+from ctuq.recon.predcp import PredCPOptions
 
 log = logging.getLogger("bench_evidence")
 
@@ -85,27 +85,28 @@ def run_case(i: int, gt: np.ndarray, op, args) -> dict:
                    "psnr": predictive.psnr(gt, x_hat)}
     log.info("case %d: DIP %.1f s, PSNR %.2f dB", i, dip.wall_time, case["dip"]["psnr"])
     lin = Linearization(dip.model, dip.net_input)
+    lik = ct_likelihood(lin, op, y)
     t0 = time.perf_counter()
     shared = None
+    em = EMOptions(learn_noise=True, seed=i, em_steps=args.em_steps)
     for prior_name in args.priors:
-        base = EvidenceConfig(prior=prior_name, learn_noise=True, predcp=False, seed=i,
-                              em_steps=args.em_steps)
-        prior0 = build_prior(lin, op, base, generator=torch.Generator().manual_seed(i))
+        prior0 = initial_prior(lik, prior_name, init_variance=1.0,
+                               generator=torch.Generator().manual_seed(i))
         if shared is None:
-            shared = ExactPosterior(lin, op, prior0, sigma**2, y)  # dense J and Φ, once
+            shared = ExactPosterior(lik, prior0, sigma**2)  # dense J and Φ, once
             t_dense = time.perf_counter() - t0
-        case[prior_name] = run_prior(i, gt, op, y, sigma, dip, lin, x_hat, base, prior0,
-                                     shared, t_dense, args)
+        case[prior_name] = run_prior(i, gt, op, y, sigma, dip, lik, x_hat, prior_name, em,
+                                     prior0, shared, t_dense, args)
     return case
 
 
-def run_prior(i, gt, op, y, sigma, dip, lin, x_hat, base, prior0, shared, t_dense, args):
+def run_prior(i, gt, op, y, sigma, dip, lik, x_hat, name, em, prior0, shared, t_dense, args):
     out = {}
+    lin = lik.lin
     gt_t = torch.as_tensor(gt, dtype=torch.float64)
-    name = base.prior
     # the oracle
     t0 = time.perf_counter()
-    orc = EvidenceOracle(lin, op, y, prior0, exact=shared)
+    orc = EvidenceOracle(lik, prior0, exact=shared)
     t_build = t_dense + time.perf_counter() - t0
     opt = orc.optimize(sigma**2, learn_noise=True)
     out["exact"] = {"build_time": t_build, "optimize_time": opt["seconds"],
@@ -127,7 +128,7 @@ def run_prior(i, gt, op, y, sigma, dip, lin, x_hat, base, prior0, shared, t_dens
     for k in args.ks:
         prior = copy.deepcopy(prior0)
         t0 = time.perf_counter()
-        post = fit_posterior(lin, op, y, sigma**2, base.with_(n_samples=k), prior=prior)
+        post = fit_posterior(lin, op, y, sigma**2, prior=prior, em=em.with_(n_samples=k))
         el = time.perf_counter() - t0
         hp = post.hyperparameters()
         a = torch.tensor(hp["a_b"], dtype=torch.float64)
@@ -155,12 +156,13 @@ def run_prior(i, gt, op, y, sigma, dip, lin, x_hat, base, prior0, shared, t_dens
     # (d) sample-based EM + TV-PredCP
     prior = copy.deepcopy(prior0)
     t0 = time.perf_counter()
-    post = fit_posterior(lin, op, y, sigma**2, base.with_(n_samples=8, predcp=True),
-                         tv_weight=dip.tv_weight, prior=prior)
+    post = fit_posterior(lin, op, y, sigma**2, prior=prior, predcp=PredCPOptions(),
+                         em=em.with_(n_samples=8, learn_lengthscales=name == "matern"),
+                         tv_weight=dip.tv_weight)
     el = time.perf_counter() - t0
     hp = post.hyperparameters()
     var = exact_variance(orc, shared, post.prior, hp["sigma2"],
-                         post.config.lengthscales_learned)
+                         post.options.learn_lengthscales)
     with torch.no_grad():
         le = float(orc.log_evidence(noise_var=hp["sigma2"], prior=post.prior))
     out["d_em_predcp"] = {"time": el, "em_steps": hp["em_steps"], "a_b": hp["a_b"],

@@ -39,8 +39,12 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
+
+# the seeded toy problem is a test fixture: tests/toy_problem.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 log = logging.getLogger("bench_sampling")
 
@@ -117,9 +121,10 @@ def _accuracy(post, ex, var_exact, mask) -> dict:
 
 
 def bench_size(size: int, args, device) -> dict:
-    from ctuq.recon.exact import ExactPosterior, toy_problem
-    from ctuq.recon.priors import BlockPrior
-    from ctuq.recon.sampling import ObservationKernel, batched_cg, sample_posterior
+    from ctuq.posterior import (BlockPrior, CGOptions, CGSampler, ExactPosterior,
+                                ObservationKernel, STOOptions, STOSampler, batched_cg)
+    from ctuq.recon.evidence import ct_likelihood
+    from toy_problem import toy_problem
 
     n_angles, preset = PROBLEMS[size]
     t0 = time.perf_counter()
@@ -127,6 +132,7 @@ def bench_size(size: int, args, device) -> dict:
                      seed=0, device=str(device), threads=None)
     lin = pb.linearization(chunk_size=args.chunk or None)
     op = pb.op
+    lik = ct_likelihood(lin, op, pb.y)
     prior = BlockPrior(lin)  # reference initialisation a_b = 1, ℓ_b = 0.1
     s2 = pb.noise_std**2
     k = args.k
@@ -146,13 +152,12 @@ def bench_size(size: int, args, device) -> dict:
     log.info("size %d: components %s", size, comp)
     # -- the CG sampler, end to end
     t = time.perf_counter()
-    cg = sample_posterior(lin, op, prior, s2, pb.y, k, method="cg",
-                          precond_rank=args.precond_rank,
-                          generator=torch.Generator().manual_seed(1))
+    cg_sampler = CGSampler(CGOptions(precond_rank=args.precond_rank))
+    cg = cg_sampler.sample(lik, prior, s2, k, generator=torch.Generator().manual_seed(1))
     _sync(device)
     t_cg = time.perf_counter() - t
     # time per CG iteration on a fixed number of iterations (no convergence check exits)
-    kern = ObservationKernel(lin, op, prior, s2)
+    kern = ObservationKernel(lik, prior, s2)
     pc = cg.state.preconditioner
     B = torch.randn(m, d_y, generator=gen).to(device)
     n_it = args.cg_iterations
@@ -164,9 +169,8 @@ def bench_size(size: int, args, device) -> dict:
     t_iter = _median_s(fixed_cg, max(1, args.repeats // 2), device) / n_it
     # an EM step: fresh draws, θ* and the preconditioner carried over
     t = time.perf_counter()
-    cg2 = sample_posterior(lin, op, prior, s2, pb.y, k, method="cg", warm_start=cg,
-                           redraw=True, precond_rank=args.precond_rank,
-                           generator=torch.Generator().manual_seed(3))
+    cg2 = cg_sampler.sample(lik, prior, s2, k, warm_start=cg, redraw=True,
+                            generator=torch.Generator().manual_seed(3))
     _sync(device)
     t_cg_warm = time.perf_counter() - t
     res["cg"] = {"time_total_s": t_cg, "time_per_sample_s": t_cg / max(k, 1),
@@ -183,16 +187,14 @@ def bench_size(size: int, args, device) -> dict:
     log.info("size %d: CG %.1f s, %d iterations", size, t_cg, cg.info["iterations"])
     # -- the STO sampler, end to end
     t = time.perf_counter()
-    sto = sample_posterior(lin, op, prior, s2, pb.y, k, method="sto",
-                           iterations=args.sto_iterations, precond_rank=args.precond_rank,
-                           generator=torch.Generator().manual_seed(1))
+    sto_sampler = STOSampler(STOOptions(iterations=args.sto_iterations,
+                                        precond_rank=args.precond_rank))
+    sto = sto_sampler.sample(lik, prior, s2, k, generator=torch.Generator().manual_seed(1))
     _sync(device)
     t_sto = time.perf_counter() - t
     t = time.perf_counter()
-    sto2 = sample_posterior(lin, op, prior, s2, pb.y, k, method="sto", warm_start=sto,
-                            redraw=True, iterations=args.sto_iterations,
-                            precond_rank=args.precond_rank,
-                            generator=torch.Generator().manual_seed(3))
+    sto2 = sto_sampler.sample(lik, prior, s2, k, warm_start=sto, redraw=True,
+                              generator=torch.Generator().manual_seed(3))
     _sync(device)
     t_sto_warm = time.perf_counter() - t
     res["sto"] = {"time_total_s": t_sto, "time_per_sample_s": t_sto / max(k, 1),
@@ -215,7 +217,7 @@ def bench_size(size: int, args, device) -> dict:
     res["exact_memory_gb"] = need_gb
     if need_gb <= args.exact_max_gb:
         t = time.perf_counter()
-        ex = ExactPosterior(lin, op, prior, s2, pb.y)
+        ex = ExactPosterior(lik, prior, s2)
         t_j = time.perf_counter() - t
         log.info("size %d: dense J in %.0f s", size, t_j)
         with torch.no_grad():

@@ -118,15 +118,14 @@ def score(truth, mean, std, samples=None) -> dict:
 
 def exact_lla(dip, op, y, noise_std: float, seed: int):
     """Exact linearised posterior at the exact-evidence g-prior optimum (σ² fixed)."""
-    from ctuq.recon.evidence import EvidenceConfig, EvidenceOracle, build_prior
-    from ctuq.recon.exact import ExactPosterior
-    from ctuq.recon.linearize import Linearization
+    from ctuq.posterior import EvidenceOracle, ExactPosterior, Linearization
+    from ctuq.recon.evidence import ct_likelihood, initial_prior
 
     lin = Linearization(dip.model, dip.net_input)
-    cfg = EvidenceConfig(prior="gprior", learn_noise=False, predcp=False, seed=seed)
-    prior0 = build_prior(lin, op, cfg, generator=torch.Generator().manual_seed(seed), y=y)
-    ex = ExactPosterior(lin, op, prior0, noise_std**2, y)
-    opt = EvidenceOracle(lin, op, y, prior0, exact=ex).optimize(noise_std**2, learn_noise=False)
+    lik = ct_likelihood(lin, op, y)
+    prior0 = initial_prior(lik, "gprior", generator=torch.Generator().manual_seed(seed))
+    ex = ExactPosterior(lik, prior0, noise_std**2)
+    opt = EvidenceOracle(lik, prior0, exact=ex).optimize(noise_std**2, learn_noise=False)
     prior = copy.deepcopy(prior0)
     prior.set_hyperparameters(variances=torch.tensor(opt["a_b"], dtype=torch.float64))
     ex.prior = prior
@@ -337,7 +336,7 @@ def run_scaling_size(size: int, args, device) -> dict:
     from ctuq.recon.config import ReconstructionConfig
     from ctuq.recon.dip import fit_dip
     from ctuq.recon.pipeline import posterior_uncertainty
-    from ctuq.recon.sampling import ObservationKernel, batched_cg
+    from ctuq.posterior import ObservationKernel, batched_cg
 
     n_angles = 20 if size <= 28 else 60
     truth = (phantoms.digits(1, size=size, seed=0)[0] if size <= 28
@@ -389,7 +388,7 @@ def run_scaling_size(size: int, args, device) -> dict:
     gen = torch.Generator().manual_seed(12)
     comp = components(lin, op, mb, args.repeats, device, gen)
     s2 = float(post.noise_var)
-    kern = ObservationKernel(lin, op, post.prior, s2)
+    kern = ObservationKernel(post.likelihood, post.prior, s2)
     pc = post.sample_state.state.preconditioner
     B = torch.randn(mb, math.prod(op.range_shape), generator=gen).to(device)
     n_it = 10

@@ -40,8 +40,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def problem():
-    """The 28² toy problem of :func:`ctuq.recon.exact.toy_problem` (a module may override)."""
-    from ctuq.recon.exact import toy_problem
+    """The 28² toy problem of :func:`toy_problem.toy_problem` (a module may override)."""
+    from toy_problem import toy_problem
 
     return toy_problem()
 
@@ -50,3 +50,22 @@ def problem():
 def lin(problem):
     """The problem's linearisation at its fitted weights."""
     return problem.linearization()
+
+
+@pytest.fixture(scope="module")
+def lik(problem, lin):
+    """The problem's Gaussian likelihood through its ray transform (``Φ = A J``)."""
+    from ctuq.recon.evidence import ct_likelihood
+
+    return ct_likelihood(lin, problem.op, problem.y)
+
+
+def sample_posterior(likelihood, prior, noise_var, k, method="cg", **kw):
+    """A sampler call with its options as keywords (``method``: 'cg' or 'sto')."""
+    from ctuq.posterior import CGOptions, CGSampler, STOOptions, STOSampler
+
+    names = ("generator", "warm_start", "redraw", "theta_star0", "z0", "preconditioner",
+             "progress", "cancel", "stage")
+    call = {n: kw.pop(n) for n in names if n in kw}
+    sampler = CGSampler(CGOptions(**kw)) if method == "cg" else STOSampler(STOOptions(**kw))
+    return sampler.sample(likelihood, prior, noise_var, k, **call)

@@ -29,7 +29,9 @@ def tab(make_napari_viewer, qtbot, one_thread):
 
 
 def test_tiny_benchmark_in_napari(tab, qtbot):
-    from ctuq.recon.classify import STOOptions
+    from dataclasses import replace
+
+    from ctuq.classify.laplace import CLASSIFIER_STO
 
     viewer, widget, w = tab
     assert widget.tabs.tabText(1) == "Classification benchmark"
@@ -38,7 +40,7 @@ def test_tiny_benchmark_in_napari(tab, qtbot):
     for m, box in w.method_checks.items():
         box.setChecked(m in ("map", "lla-sampled"))
     w.config_overrides = {"em_steps": 2, "em_samples": 4, "predictive_samples": 8,
-                          "angles": (0.0, 90.0), "sto": STOOptions(iterations=40)}
+                          "angles": (0.0, 90.0), "sto": replace(CLASSIFIER_STO, iterations=40)}
     worker = w.run()
     assert worker is not None and w.is_running
     qtbot.waitUntil(lambda: not w.is_running, timeout=240_000)

@@ -13,7 +13,7 @@ import torch
 
 from ctuq.errors import InputError
 from ctuq.models.classifiers import build_classifier
-from ctuq.recon import classify as C
+import ctuq.classify as C
 
 laplace = pytest.importorskip("laplace")
 

@@ -14,7 +14,7 @@ from ctuq.errors import Cancelled, InputError
 from ctuq.models.unet import UNetConfig, build_unet
 from ctuq.recon.dip import DIPConfig, fit_dip, load_weights, save_weights, total_variation
 from ctuq.recon.mc_dropout import fit_mc_dropout, mc_dropout_predict
-from ctuq.recon.progress import ProgressEvent
+from ctuq.progress import ProgressEvent
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

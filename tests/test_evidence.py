@@ -31,12 +31,13 @@ from ctuq.data.simulate import simulate_sinogram
 from ctuq.errors import Cancelled, InputError
 from ctuq.models.unet import unet_preset
 from ctuq.recon.dip import DIPConfig, fit_dip
-from ctuq.recon.evidence import (DenseSampler, EvidenceConfig, EvidenceOracle, FittedPosterior,
-                                 build_prior, em_update, estep_statistics, expected_log_prior,
-                                 fit_evidence_gradient, fit_posterior, mackay_update)
-from ctuq.recon.exact import ExactPosterior
-from ctuq.recon.linearize import Linearization
-from ctuq.recon.sampling import linear_target
+from ctuq.posterior import (CGOptions, CGSampler, DenseSampler, EMOptions, EvidenceOracle,
+                            ExactPosterior, FittedPosterior, Linearization, STOOptions,
+                            STOSampler, adam_mstep, em_update, estep_statistics,
+                            expected_log_prior, fit_evidence_gradient, mackay_update)
+from ctuq.recon.evidence import (PIPELINE_STO_ITERATIONS, ct_likelihood, fit_posterior,
+                                 initial_prior, options_summary, uncertainty_options)
+from ctuq.recon.predcp import PredCPOptions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,14 +51,15 @@ def problem():
         iterations=150, unet=unet_preset("reference-28").with_(channels=(8, 8, 8)))
     dip = fit_dip(y, op, cfg, noise_std=sigma)
     lin = Linearization(dip.model, dip.net_input)
-    return SimpleNamespace(op=op, x=x, y=y, sigma=sigma, lin=lin, tv_weight=dip.tv_weight)
+    return SimpleNamespace(op=op, x=x, y=y, sigma=sigma, lin=lin, tv_weight=dip.tv_weight,
+                           lik=ct_likelihood(lin, op, y))
 
 
 @pytest.fixture(scope="module")
 def ard(problem):
     """ARD prior at its initial values, its dense oracle and the exact optimum."""
-    prior = build_prior(problem.lin, problem.op, EvidenceConfig(prior="ard"))
-    orc = EvidenceOracle(problem.lin, problem.op, problem.y, prior)
+    prior = initial_prior(problem.lik, "ard")
+    orc = EvidenceOracle(problem.lik, prior)
     opt = orc.optimize(problem.sigma**2, learn_noise=True)
     return SimpleNamespace(prior=prior, oracle=orc, opt=opt)
 
@@ -91,27 +93,44 @@ def _fixed_point_sd(orc, opt, stats, k, active):
 # configuration
 
 
-def test_config_defaults_match_the_uncertainty_config():
+def _dense(problem, kind):
+    """The dense sampler of an oracle for a fresh prior of ``kind`` (same blocks)."""
+    return DenseSampler(EvidenceOracle(problem.lik, initial_prior(problem.lik, kind)))
+
+
+def test_uncertainty_options_translate_every_field():
     from ctuq.recon.config import UncertaintyConfig
 
-    shared = {f for f in EvidenceConfig.__dataclass_fields__} & \
-        {f for f in UncertaintyConfig.__dataclass_fields__}
-    assert {"prior", "sampler", "n_samples", "em_steps", "em_tol", "update", "learn_noise",
-            "predcp", "predcp_scale", "predcp_samples", "cg_tol", "cg_max_iter",
-            "preconditioner_rank"} <= shared
-    unc, ev = UncertaintyConfig(), EvidenceConfig()
-    for name in shared - {"learn_noise"}:
-        assert getattr(unc, name) == getattr(ev, name), name
-    assert EvidenceConfig(learn_noise=None).learn_noise is True
+    unc = UncertaintyConfig(prior="matern", n_samples=5, em_steps=3, em_tol=0.1, update="em",
+                            predcp_scale=2.0, predcp_samples=7, cg_tol=1e-2, cg_max_iter=33,
+                            preconditioner_rank=44)
+    opts = uncertainty_options(unc, learn_noise=True, seed=9)
+    em = opts["em"]
+    assert (em.n_samples, em.em_steps, em.em_tol, em.update, em.learn_noise, em.seed) == \
+        (5, 3, 0.1, "em", True, 9)
+    assert em.learn_lengthscales and opts["prior"] == "matern"     # Matérn + PredCP
+    cg = opts["sampler"].options
+    assert isinstance(opts["sampler"], CGSampler)
+    assert (cg.tol, cg.max_iter, cg.precond_rank) == (1e-2, 33, 44)
+    assert opts["predcp"] == PredCPOptions(scale=2.0, samples=7)
+    sto = uncertainty_options(UncertaintyConfig(sampler="sto", predcp=False),
+                              learn_noise=False)
+    assert isinstance(sto["sampler"], STOSampler) and sto["predcp"] is None
+    assert sto["sampler"].options.iterations == PIPELINE_STO_ITERATIONS
+    assert not sto["em"].learn_lengthscales and not sto["em"].learn_noise
+    assert json.loads(json.dumps(options_summary(opts)))["sampler"]["max_iter"] == 33
 
 
-@pytest.mark.parametrize("bad", [dict(prior="gauss"), dict(sampler="exact"), dict(update="x"),
-                                 dict(n_samples=0), dict(em_steps=-1), dict(em_tol=-1.0),
-                                 dict(gamma_estimator="trace"), dict(init_variance=0.0),
-                                 dict(predcp_samples=1.5)])
-def test_config_rejects_bad_values(bad):
+@pytest.mark.parametrize("make", [lambda: EMOptions(update="x"), lambda: EMOptions(n_samples=0),
+                                  lambda: EMOptions(em_steps=-1), lambda: EMOptions(em_tol=-1.0),
+                                  lambda: EMOptions(gamma_estimator="trace"),
+                                  lambda: PredCPOptions(samples=1.5),
+                                  lambda: PredCPOptions(scale=-1.0),
+                                  lambda: STOOptions(init="random"),
+                                  lambda: CGSampler(STOOptions())])
+def test_options_reject_bad_values(make):
     with pytest.raises(InputError):
-        EvidenceConfig(**bad)
+        make()
 
 
 # ------------------------------------------------------------------------------
@@ -124,12 +143,13 @@ def test_oracle_agrees_with_the_dense_exact_posterior(problem, ard):
     prior.set_hyperparameters(variances=a)
     try:
         s2 = 2.0 * problem.sigma**2
-        ex = ExactPosterior(problem.lin, problem.op, prior, s2, problem.y, J=orc.exact.J)
+        ex = ExactPosterior(problem.lik, prior, s2, J=orc.exact.J)
         assert _logev(orc, a, s2) == pytest.approx(float(ex.log_evidence().detach()), rel=1e-8)
         assert torch.allclose(orc.gamma(a, s2), ex.gamma_blocks(), rtol=1e-8)
         assert torch.allclose(orc.posterior_variance(a, s2), ex.posterior_var_image(),
                               rtol=1e-6, atol=1e-12)
-        dense = DenseSampler(orc).sample(prior, s2, 3, torch.Generator().manual_seed(0))
+        dense = DenseSampler(orc).sample(problem.lik, prior, s2, 3,
+                                         torch.Generator().manual_seed(0))
         assert torch.allclose(dense.theta_star.double(), ex.theta_star(), rtol=1e-4,
                               atol=1e-6 * float(ex.theta_star().abs().max()))
         # the slow path (kernel rebuilt from the prior) is the same function
@@ -148,7 +168,7 @@ def test_exact_optimum_is_a_fixed_point_of_the_exact_mackay_update(problem, ard)
     active = gamma > 0.1
     assert torch.allclose(a_new[active], a[active], rtol=1e-3)
     # and of the noise update: ‖ỹ − Φθ*‖² / (d_y − γ)
-    ex = ExactPosterior(problem.lin, problem.op, ard.prior, s2, problem.y, J=orc.exact.J)
+    ex = ExactPosterior(problem.lik, ard.prior, s2, J=orc.exact.J)
     ard.prior.set_hyperparameters(variances=a)
     try:
         r2 = float((orc.y_tilde - orc.Phi @ ex.theta_star()).square().sum())
@@ -176,22 +196,19 @@ def test_em_update_formula():
 
 @pytest.mark.parametrize("sampler", ["dense", "cg"])
 def test_gamma_hat_matches_exact_gamma_within_monte_carlo_error(problem, ard, sampler):
-    lin, op, prior, orc = problem.lin, problem.op, ard.prior, ard.oracle
+    lik, prior, orc = problem.lik, ard.prior, ard.oracle
     s2 = problem.sigma**2
     k = 32
     gen = torch.Generator().manual_seed(5)
     if sampler == "dense":
-        smp = DenseSampler(orc).sample(prior, s2, k, gen)
+        smp = DenseSampler(orc).sample(lik, prior, s2, k, gen)
     else:
-        from ctuq.recon.sampling import sample_posterior
-
-        smp = sample_posterior(lin, op, prior, s2, problem.y, k, "cg", generator=gen, tol=1e-4,
-                               max_iter=300)
+        smp = CGSampler(CGOptions(tol=1e-4, max_iter=300)).sample(lik, prior, s2, k,
+                                                                  generator=gen)
         assert float(smp.info["residuals"].max()) < 1e-3
-    yt = linear_target(lin, op, problem.y)
     exact = orc.gamma(None, s2)
     for est in ("matheron", "prior"):
-        st = estep_statistics(lin, op, prior, s2, yt, smp.theta_star, smp.z, est, smp.theta0)
+        st = estep_statistics(lik, prior, s2, smp.theta_star, smp.z, est, smp.theta0)
         err = (st.gamma_hat - exact).abs()
         assert bool((err <= 4 * st.gamma_hat_se + 1e-3 * exact).all()), (est, err, st.gamma_hat_se)
         if est == "matheron":
@@ -212,17 +229,17 @@ def test_gamma_hat_matches_exact_gamma_within_monte_carlo_error(problem, ard, sa
 
 def test_gprior_em_fixed_point_matches_exact_optimum(problem):
     lin, op, y, s2 = problem.lin, problem.op, problem.y, problem.sigma**2
-    cfg = EvidenceConfig(prior="gprior", sampler="dense", n_samples=32, em_steps=40,
-                         em_tol=1e-4, predcp=False)
-    prior = build_prior(lin, op, cfg, generator=torch.Generator().manual_seed(0))
-    orc = EvidenceOracle(lin, op, y, prior)
+    em = EMOptions(n_samples=32, em_steps=40, em_tol=1e-4)
+    prior = initial_prior(problem.lik, "gprior", init_variance=1.0,
+                          generator=torch.Generator().manual_seed(0))
+    orc = EvidenceOracle(problem.lik, prior)
     opt = orc.optimize(s2)
-    post = fit_posterior(lin, op, y, s2, cfg, prior=prior, oracle=orc)
+    post = fit_posterior(lin, op, y, s2, prior=prior, em=em, sampler=DenseSampler(orc))
     assert post.info["converged"]
     hp = post.hyperparameters()
     le = _logev(orc, hp["a_b"], hp["sigma2"])
     assert abs(le - opt["log_evidence"]) <= 0.005 * abs(opt["log_evidence"])
-    sd, loss = _fixed_point_sd(orc, opt, post.stats, cfg.n_samples, torch.tensor([True]))
+    sd, loss = _fixed_point_sd(orc, opt, post.stats, em.n_samples, torch.tensor([True]))
     assert 4 * float(sd.max()) < math.log(1.15)  # 15 % is a derived 4-sd tolerance here
     assert hp["a_b"][0] == pytest.approx(opt["a_b"][0], rel=0.15)
     assert hp["sigma2"] == pytest.approx(opt["sigma2"], rel=0.15)
@@ -233,14 +250,13 @@ def test_ard_em_fixed_point_matches_exact_optimum(problem, ard):
     """MacKay with k = 128 dense samples to convergence (≈ 20 s)."""
     lin, op, y, s2 = problem.lin, problem.op, problem.y, problem.sigma**2
     orc, opt = ard.oracle, ard.opt
-    cfg = EvidenceConfig(prior="ard", sampler="dense", n_samples=128, em_steps=150,
-                         em_tol=2e-3, predcp=False, seed=3)
-    post = fit_posterior(lin, op, y, s2, cfg, oracle=orc)
+    em = EMOptions(n_samples=128, em_steps=150, em_tol=2e-3, seed=3)
+    post = fit_posterior(lin, op, y, s2, prior="ard", em=em, sampler=DenseSampler(orc))
     hp = post.hyperparameters()
     le = _logev(orc, hp["a_b"], hp["sigma2"])
     active = torch.tensor(opt["gamma"]) > 0.5
     assert 0 < int(active.sum()) < len(active)  # this problem has switched-off blocks
-    sd, loss = _fixed_point_sd(orc, opt, post.stats, cfg.n_samples, active)
+    sd, loss = _fixed_point_sd(orc, opt, post.stats, em.n_samples, active)
     assert loss < 0.001 * abs(opt["log_evidence"])  # the 0.5 % below is ≥ 5× the expected loss
     assert abs(le - opt["log_evidence"]) <= 0.005 * abs(opt["log_evidence"])
     ratio = (torch.tensor(hp["a_b"]) / torch.tensor(opt["a_b"]))[active]
@@ -258,9 +274,9 @@ def test_ard_em_fixed_point_matches_exact_optimum(problem, ard):
 
 def test_em_variant_increases_the_evidence(problem, ard):
     s2 = problem.sigma**2
-    cfg = EvidenceConfig(prior="ard", sampler="dense", n_samples=16, em_steps=5, em_tol=0,
-                         update="em", predcp=False)
-    post = fit_posterior(problem.lin, problem.op, problem.y, s2, cfg, oracle=ard.oracle)
+    em = EMOptions(n_samples=16, em_steps=5, em_tol=0, update="em")
+    post = fit_posterior(problem.lin, problem.op, problem.y, s2, prior="ard", em=em,
+                         sampler=DenseSampler(ard.oracle))
     logev = [_logev(ard.oracle, e["a_b"], e["sigma2"]) for e in post.trace]
     assert logev[-1] > logev[0] + 1.0
     assert sum(b >= a - 1e-6 for a, b in zip(logev, logev[1:])) >= len(logev) - 2
@@ -273,9 +289,8 @@ def test_em_variant_increases_the_evidence(problem, ard):
 def test_fit_posterior_api_trace_and_draw(problem):
     lin, op = problem.lin, problem.op
     events = []
-    cfg = EvidenceConfig(prior="matern", n_samples=4, em_steps=2, em_tol=0, predcp=False,
-                         cg_tol=1e-3)
-    post = fit_posterior(lin, op, problem.y, problem.sigma**2, cfg,
+    post = fit_posterior(lin, op, problem.y, problem.sigma**2, prior="matern",
+                         em=EMOptions(n_samples=4, em_steps=2, em_tol=0),
                          progress=lambda ev: events.append(ev))
     assert isinstance(post, FittedPosterior)
     d = lin.num_params
@@ -322,31 +337,32 @@ def test_fit_posterior_api_trace_and_draw(problem):
 
 def test_known_noise_is_kept(problem):
     s2 = problem.sigma**2
-    cfg = EvidenceConfig(prior="ard", sampler="dense", n_samples=4, em_steps=2, predcp=False,
-                         learn_noise=False)
-    post = fit_posterior(problem.lin, problem.op, problem.y, s2, cfg)
+    em = EMOptions(n_samples=4, em_steps=2, learn_noise=False)
+    post = fit_posterior(problem.lin, problem.op, problem.y, s2, prior="ard", em=em,
+                         sampler=_dense(problem, "ard"))
     assert post.noise_var == s2 and all(e["sigma2"] == s2 for e in post.trace)
 
 
 def test_cancel_and_bad_inputs(problem):
-    cfg = EvidenceConfig(n_samples=2, em_steps=3, predcp=False)
+    em = EMOptions(n_samples=2, em_steps=3)
     with pytest.raises(Cancelled):
-        fit_posterior(problem.lin, problem.op, problem.y, problem.sigma**2, cfg,
+        fit_posterior(problem.lin, problem.op, problem.y, problem.sigma**2, em=em,
                       cancel=lambda: True)
     with pytest.raises(InputError):
-        fit_posterior(problem.lin, problem.op, problem.y, -1.0, cfg)
+        fit_posterior(problem.lin, problem.op, problem.y, -1.0, em=em)
     with pytest.raises(InputError):
-        fit_posterior(problem.lin, problem.op, problem.y[:5], 1.0, cfg)
+        fit_posterior(problem.lin, problem.op, problem.y[:5], 1.0, em=em)
+    with pytest.raises(InputError):
+        fit_posterior(problem.lin, problem.op, problem.y, 1.0, prior="gauss", em=em)
 
 
 def test_predcp_m_step_ascends_q_plus_log_hyperprior(problem):
-    from ctuq.recon.evidence import _adam_mstep
     from ctuq.recon.predcp import TVPredCP, predcp_weight
 
     lin, op, s2 = problem.lin, problem.op, problem.sigma**2
-    cfg = EvidenceConfig(prior="matern", sampler="dense", n_samples=8, em_steps=0,
-                         predcp=False)
-    post = fit_posterior(lin, op, problem.y, s2, cfg)
+    post = fit_posterior(lin, op, problem.y, s2, prior="matern",
+                         em=EMOptions(n_samples=8, em_steps=0),
+                         sampler=_dense(problem, "matern"))
     prior = post.prior
     pc = TVPredCP(lin, prior, predcp_weight(1.0, problem.tv_weight), 16,
                   torch.Generator().manual_seed(0))
@@ -359,8 +375,8 @@ def test_predcp_m_step_ascends_q_plus_log_hyperprior(problem):
 
     before = objective()
     l_before = prior.lengthscales.detach().clone()
-    out = _adam_mstep(prior, post.theta_star, post.samples, [prior.log_a, prior.log_l], pc,
-                      10, 0.05)
+    out = adam_mstep(prior, post.theta_star, post.samples, [prior.log_a, prior.log_l], pc,
+                     10, 0.05)
     assert objective() > before
     assert len(out["kappa"]) == prior.num_blocks and math.isfinite(out["log_hyperprior"])
     moved = (prior.lengthscales.detach() != l_before)
@@ -368,9 +384,10 @@ def test_predcp_m_step_ascends_q_plus_log_hyperprior(problem):
 
 
 def test_fit_posterior_with_predcp_records_kappa(problem):
-    cfg = EvidenceConfig(prior="matern", sampler="dense", n_samples=4, em_steps=1,
-                         predcp=True, predcp_samples=4, predcp_steps=2)
-    post = fit_posterior(problem.lin, problem.op, problem.y, problem.sigma**2, cfg,
+    kw = dict(prior="matern", sampler=_dense(problem, "matern"),
+              em=EMOptions(n_samples=4, em_steps=1, learn_lengthscales=True, mstep_steps=2),
+              predcp=PredCPOptions(samples=4))
+    post = fit_posterior(problem.lin, problem.op, problem.y, problem.sigma**2, **kw,
                          tv_weight=problem.tv_weight)
     first = post.trace[0]
     assert len(first["kappa"]) == post.prior.num_blocks
@@ -378,15 +395,14 @@ def test_fit_posterior_with_predcp_records_kappa(problem):
     assert post.hyperparameters()["predcp_weight"] == pytest.approx(problem.tv_weight)
     assert post.trace[1]["l_b"] != post.trace[0]["l_b"]
     # without the TV weight the hyperprior is skipped (warned), not an error
-    post2 = fit_posterior(problem.lin, problem.op, problem.y, problem.sigma**2,
-                          cfg.with_(em_steps=1))
+    post2 = fit_posterior(problem.lin, problem.op, problem.y, problem.sigma**2, **kw)
     assert post2.trace[0]["kappa"] is None
 
 
 def test_sto_sampler_e_step(problem):
-    cfg = EvidenceConfig(prior="ard", sampler="sto", n_samples=2, em_steps=1, predcp=False,
-                         sto_iterations=50)
-    post = fit_posterior(problem.lin, problem.op, problem.y, problem.sigma**2, cfg)
+    post = fit_posterior(problem.lin, problem.op, problem.y, problem.sigma**2, prior="ard",
+                         em=EMOptions(n_samples=2, em_steps=1),
+                         sampler=STOSampler(STOOptions(iterations=50)))
     assert len(post.trace) == 2 and bool(torch.isfinite(post.samples).all())
     assert post.draw(3).shape == (3, problem.lin.num_params)
 
@@ -402,13 +418,15 @@ def test_gradient_path_reaches_the_exact_optimum(problem):
     Its iterates carry the Hutchinson noise (8 probes per step); the Polyak
     average lands within a few per cent of the optimum, so the evidence is
     checked to 1 % here (the sample-based EM path: 0.5 %)."""
-    lin, op, y, s2 = problem.lin, problem.op, problem.y, problem.sigma**2
-    cfg = EvidenceConfig(prior="gprior", predcp=False, cg_tol=1e-4, cg_max_iter=300,
-                         init_variance=0.1)
-    prior = build_prior(lin, op, cfg, generator=torch.Generator().manual_seed(0))
-    orc = EvidenceOracle(lin, op, y, prior)
+    s2 = problem.sigma**2
+    prior = initial_prior(problem.lik, "gprior", init_variance=0.1,
+                          generator=torch.Generator().manual_seed(0))
+    orc = EvidenceOracle(problem.lik, prior)
     opt = orc.optimize(s2)
-    res = fit_evidence_gradient(lin, op, y, s2, cfg, steps=60, lr=0.2, probes=8, prior=prior)
+    res = fit_evidence_gradient(problem.lik, prior, s2,
+                                cg=CGOptions(tol=1e-4, max_iter=300, precond_rank=100),
+                                steps=60, lr=0.2, probes=8,
+                                generator=torch.Generator().manual_seed(11))
     g = float(res["prior"].variances[0])
     le = _logev(orc, [g], res["noise_var"])
     assert abs(le - opt["log_evidence"]) <= 0.01 * abs(opt["log_evidence"])
@@ -426,10 +444,9 @@ def test_fit_posterior_on_cuda(problem):
     net = build_unet("reference-28", channels=(8, 8, 8)).to("cuda")
     net.load_state_dict(problem.lin.model.state_dict())
     lin = Linearization(net, problem.lin.net_input.to("cuda"))
-    cfg = EvidenceConfig(n_samples=4, em_steps=2, predcp=True, predcp_samples=4,
-                         predcp_steps=2)
-    post = fit_posterior(lin, op, problem.y.to("cuda"), problem.sigma**2, cfg,
-                         tv_weight=problem.tv_weight)
+    post = fit_posterior(lin, op, problem.y.to("cuda"), problem.sigma**2,
+                         em=EMOptions(n_samples=4, em_steps=2, mstep_steps=2),
+                         predcp=PredCPOptions(samples=4), tv_weight=problem.tv_weight)
     assert post.samples.is_cuda and bool(torch.isfinite(post.samples).all())
     assert post.draw(3).is_cuda
     json.dumps(post.trace)
@@ -440,13 +457,35 @@ def test_gprior_starts_on_the_data_scale(problem):
     measurement, g₀ · Σ_i (Φ s)²_{ji} ≈ g₀ · d_θ, matches the data's mean square."""
     lin, op, y = problem.lin, problem.op, problem.y
     gen = torch.Generator().manual_seed(0)
-    prior = build_prior(lin, op, EvidenceConfig(prior="gprior"), generator=gen, y=y)
+    prior = initial_prior(problem.lik, "gprior", generator=gen)
     g0 = float(prior.variances.reshape(-1)[0])
     assert g0 == pytest.approx(float(y.double().square().mean()) / lin.num_params, rel=1e-6)
     with torch.no_grad():  # the prior predictive variance per measurement, by sampling
         u = torch.randn(64, lin.num_params, generator=gen)
         pred = op.A(lin.jvp(prior.cov_sqrt(u))).double().square().mean()
     assert 0.3 < float(pred / y.double().square().mean()) < 3.0
-    explicit = build_prior(lin, op, EvidenceConfig(prior="gprior", init_variance=0.5), y=y)
+    explicit = initial_prior(problem.lik, "gprior", init_variance=0.5)
     assert float(explicit.variances.reshape(-1)[0]) == pytest.approx(0.5)
-    assert float(build_prior(lin, op, EvidenceConfig(prior="ard"), y=y).variances[0]) == 1.0
+    assert float(initial_prior(problem.lik, "ard").variances[0]) == 1.0
+
+
+def test_the_m_step_is_replaceable_and_gets_the_e_step_statistics(problem):
+    """The hook issue 21's MAP-II M-step plugs into: it sees θ*, γ̂ and the samples of the
+    E-step (held fixed) and returns σ²; delegating to the default changes nothing."""
+    from ctuq.posterior import closed_form_mstep
+
+    calls = []
+
+    def mstep(prior, stats, theta_star, z, noise_var, **kw):
+        calls.append((stats.gamma_hat.clone(), theta_star.clone(), z.shape, noise_var))
+        return closed_form_mstep(prior, stats, theta_star, z, noise_var, **kw)
+
+    kw = dict(prior="ard", em=EMOptions(n_samples=4, em_steps=2, em_tol=0))
+    args = (problem.lin, problem.op, problem.y, problem.sigma**2)
+    post = fit_posterior(*args, **kw, sampler=_dense(problem, "ard"), mstep=mstep)
+    ref = fit_posterior(*args, **kw, sampler=_dense(problem, "ard"))
+    assert len(calls) == 2 and calls[0][2] == (4, problem.lin.num_params)
+    assert calls[0][0].tolist() == post.trace[0]["gamma_hat"]
+    assert calls[1][3] == post.trace[1]["sigma2"]
+    assert post.hyperparameters()["a_b"] == ref.hyperparameters()["a_b"]
+    assert torch.equal(post.samples, ref.samples)

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from ctuq.errors import InputError
-from ctuq.recon.exact import ExactPosterior
-from ctuq.recon.priors import BlockPrior
+from ctuq.posterior import BlockPrior, ExactPosterior
 
 D64 = torch.float64
 
@@ -17,10 +16,10 @@ pytestmark = [pytest.mark.usefixtures("one_thread"),
 
 
 @pytest.fixture(scope="module")
-def exact(problem, lin):
+def exact(problem, lin, lik):
     nb = len(lin.blocks)
     prior = BlockPrior(lin, variance=[0.3 + 0.2 * i for i in range(nb)], lengthscale=0.8)
-    return ExactPosterior(lin, problem.op, prior, problem.noise_std**2, problem.y)
+    return ExactPosterior(lik, prior, problem.noise_std**2)
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +77,10 @@ def test_log_evidence_equals_the_parameter_space_formula(exact, dense):
     assert val.item() == pytest.approx(ref.item(), rel=1e-9, abs=1e-6)
 
 
-def test_log_evidence_is_differentiable(problem, lin):
+def test_log_evidence_is_differentiable(problem, lin, lik):
     prior = BlockPrior(lin, variance=0.5, lengthscale=0.5)
     log_noise = torch.tensor(math.log(problem.noise_std**2), dtype=D64, requires_grad=True)
-    ex = ExactPosterior(lin, problem.op, prior, log_noise.exp(), problem.y)
+    ex = ExactPosterior(lik, prior, log_noise.exp())
     val = ex.log_evidence(log_noise.exp())
     ga, gl, gn = torch.autograd.grad(val, (prior.log_a, prior.log_l, log_noise))
     h = 1e-5
@@ -131,6 +130,8 @@ def test_exact_samples_have_covariance_hinv(exact, dense):
 
 
 def test_needs_a_sinogram_for_the_mean(problem, lin):
-    ex = ExactPosterior(lin, problem.op, BlockPrior(lin), 1.0)
+    from ctuq.recon.evidence import ct_likelihood
+
+    ex = ExactPosterior(ct_likelihood(lin, problem.op, None), BlockPrior(lin), 1.0)
     with pytest.raises(InputError):
         ex.theta_star()

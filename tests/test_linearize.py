@@ -6,9 +6,8 @@ import torch
 
 from ctuq.errors import InputError
 from ctuq.models.unet import build_unet
-from ctuq.recon import linearize
-from ctuq.recon.linearize import (Linearization, auto_chunk_size, dense_ray_matrix,
-                                   select_parameters)
+from ctuq.posterior import linearize
+from ctuq.posterior.linearize import Linearization, auto_chunk_size, select_parameters
 
 from conftest import requires_cuda
 
@@ -116,19 +115,6 @@ def test_jvp_is_the_derivative(lin):
     assert torch.allclose(jv[clamped], slope * jv_pre[clamped], rtol=1e-10, atol=0)
     # and the float32 operator agrees with the float64 JVP
     assert _rel(lin64.jvp(v.float()).double(), jv) < 1e-5
-
-
-def test_phi_and_phi_t_are_adjoint(problem, lin):
-    gen = torch.Generator().manual_seed(2)
-    v = torch.randn(3, lin.num_params, generator=gen)
-    u = torch.randn(3, *problem.op.range_shape, generator=gen)
-    lhs = (lin.phi(v, problem.op) * u).sum((1, 2)).double()
-    rhs = (v * lin.phi_t(u, problem.op)).sum(1).double()
-    assert torch.allclose(lhs, rhs, rtol=1e-4)
-    # phi equals the dense A J
-    A = dense_ray_matrix(problem.op)
-    J = lin.dense(torch.float64)
-    assert _rel(lin.phi(v, problem.op).double().reshape(3, -1), v.double() @ (A @ J).t()) < 1e-5
 
 
 def test_chunking_and_loop_fallback_agree(problem, lin):

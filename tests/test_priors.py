@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ctuq.errors import InputError
-from ctuq.recon.linearize import dense_ray_matrix
-from ctuq.recon.priors import BlockPrior, GPrior, kernel_positions, matern_half_kernel
+from ctuq.posterior import (BlockPrior, GPrior, build_prior, dense_matrix, kernel_positions,
+                            matern_half_kernel)
 
 from conftest import requires_cuda
 
@@ -162,9 +162,9 @@ def test_defaults_and_bad_input(lin):
         prior.cov(torch.zeros(2, 5))
 
 
-def test_gprior_scale_exact_and_by_probes(problem, lin):
-    exact = GPrior.from_linearization(lin, problem.op, exact=True)
-    A = dense_ray_matrix(problem.op)
+def test_gprior_scale_exact_and_by_probes(problem, lin, lik):
+    exact = GPrior.from_likelihood(lik, exact=True)
+    A = dense_matrix(problem.op)
     Phi = A @ lin.dense(D64)
     d_y = Phi.shape[0]
     s = (Phi.square().mean(0)).rsqrt()
@@ -175,8 +175,7 @@ def test_gprior_scale_exact_and_by_probes(problem, lin):
     # Rademacher probes: Var[(Φᵀε)_i²] = 2 (Σ_r Φ_ri²)² − 2 Σ_r Φ_ri⁴ ≤ 2 diag², so the
     # probe mean of n has relative std ≤ sqrt(2/n) per entry; s = diag^{-1/2} halves it
     n = 256
-    probed = GPrior.from_linearization(lin, problem.op, n_probes=n,
-                                       generator=torch.Generator().manual_seed(0))
+    probed = GPrior.from_likelihood(lik, n_probes=n, generator=torch.Generator().manual_seed(0))
     rel = (probed.scale / exact.scale - 1).abs()
     assert rel.median() < 0.6745 * 0.5 * math.sqrt(2 / n) * 1.5
     assert rel.max() < 5 * 0.5 * math.sqrt(2 / n)
@@ -192,6 +191,19 @@ def test_gprior_scale_exact_and_by_probes(problem, lin):
     g.set_hyperparameters(variances=2.0)
     assert g.variances.item() == pytest.approx(2.0)
     assert d_y == math.prod(problem.op.range_shape)
+
+
+def test_build_prior_kinds(lik):
+    matern = build_prior(lik, "matern")
+    assert matern.name == "matern" and matern.kind == "matern"
+    ard = build_prior(lik, "ard", variance=0.5, lengthscale=0.3)
+    assert ard.name == "ard" and ard.kind == "iso"
+    assert torch.allclose(ard.variances, torch.full((ard.num_blocks,), 0.5, dtype=D64))
+    g = build_prior(lik, "gprior", variance=0.2, exact=True)
+    assert g.name == "gprior" and float(g.variances) == pytest.approx(0.2)
+    assert torch.allclose(g.scale, GPrior.from_likelihood(lik, exact=True).scale)
+    with pytest.raises(InputError):
+        build_prior(lik, "laplace")
 
 
 @pytest.mark.gpu

@@ -18,12 +18,10 @@ import pytest
 import torch
 
 from ctuq.errors import Cancelled, InputError
-from ctuq.recon.exact import ExactPosterior
-from ctuq.recon.priors import BlockPrior, GPrior
-from ctuq.recon.sampling import (A_adjoint_subset, A_subset, CGOptions, NystromPreconditioner,
-                                 batched_cg, linear_target, sample_posterior)
+from ctuq.posterior import (BlockPrior, CGOptions, CGSampler, ExactPosterior, GPrior,
+                            NystromPreconditioner, STOOptions, batched_cg)
 
-from conftest import requires_cuda
+from conftest import requires_cuda, sample_posterior
 
 # torch registers its forward-mode decompositions through torch.jit.script on first use
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -41,8 +39,8 @@ def prior(lin):
 
 
 @pytest.fixture(scope="module")
-def exact(problem, lin, prior):
-    return ExactPosterior(lin, problem.op, prior, problem.noise_std**2, problem.y)
+def exact(problem, lik, prior):
+    return ExactPosterior(lik, prior, problem.noise_std**2)
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +54,14 @@ def exact_var(exact):
 
 
 @pytest.fixture(scope="module")
-def cg_post(problem, lin, prior):
-    return sample_posterior(lin, problem.op, prior, problem.noise_std**2, problem.y, N_MC,
+def cg_post(lik, problem, lin, prior):
+    return sample_posterior(lik, prior, problem.noise_std**2, N_MC,
                             method="cg", generator=torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope="module")
-def sto_post(problem, lin, prior):
-    return sample_posterior(lin, problem.op, prior, problem.noise_std**2, problem.y, N_MC,
+def sto_post(lik, problem, lin, prior):
+    return sample_posterior(lik, prior, problem.noise_std**2, N_MC,
                             method="sto", iterations=60,
                             generator=torch.Generator().manual_seed(1))
 
@@ -142,11 +140,11 @@ def test_cg_theta_star_and_samples_equal_the_exact_solve(cg_post, exact):
     assert rel < 1e-2
 
 
-def test_preconditioner_reduces_cg_iterations(problem, lin, prior):
+def test_preconditioner_reduces_cg_iterations(lik, problem, lin, prior):
     kw = dict(tol=1e-2, generator=torch.Generator().manual_seed(3))
-    plain = sample_posterior(lin, problem.op, prior, problem.noise_std**2, problem.y, 2,
+    plain = sample_posterior(lik, prior, problem.noise_std**2, 2,
                              precond_rank=0, max_iter=40, patience=None, **kw)
-    pre = sample_posterior(lin, problem.op, prior, problem.noise_std**2, problem.y, 2,
+    pre = sample_posterior(lik, prior, problem.noise_std**2, 2,
                            precond_rank=100, **kw)
     assert pre.info["converged"] and pre.info["precond_rank"] == 100
     # unpreconditioned CG needs ≈ 300 iterations here (κ(K) ≈ 10⁷): still short at 40
@@ -217,10 +215,10 @@ def test_sto_theta_star_and_samples_equal_the_exact_solve(sto_post, exact):
     assert rel < 1e-3
 
 
-def test_sto_without_preconditioner_and_with_minibatches(problem, lin, prior, exact):
+def test_sto_without_preconditioner_and_with_minibatches(lik, problem, lin, prior, exact):
     kw = dict(generator=torch.Generator().manual_seed(4))
     s2 = problem.noise_std**2
-    plain = sample_posterior(lin, problem.op, prior, s2, problem.y, 2, method="sto",
+    plain = sample_posterior(lik, prior, s2, 2, method="sto",
                              precond_rank=0, iterations=20, **kw)
     # plain SGD: the step follows the curvature λ_max(LᵀΦᵀΦL)/σ² ≈ 10⁷ and momentum → 1
     assert plain.info["curvature_max"] > 1e5 and plain.info["momentum"] > 0.99
@@ -229,9 +227,9 @@ def test_sto_without_preconditioner_and_with_minibatches(problem, lin, prior, ex
     # diverged on θ* (measured on 3 seeds: relative error 42-88, max residual 0.6-1.7);
     # sized for the batches they leave SGD noise's error floor (θ* 0.15-0.18, residual
     # ≤ 0.07, median sample error 0.13-0.20 of the image-space sample)
-    mb = sample_posterior(lin, problem.op, prior, s2, problem.y, 4, method="sto",
-                          batch_angles=2, iterations=200, **kw)
-    assert mb.info["batch_angles"] == 2 and mb.info["iterations"] == 200
+    mb = sample_posterior(lik, prior, s2, 4, method="sto",
+                          batch_size=2, iterations=200, **kw)
+    assert mb.info["batch_size"] == 2 and mb.info["iterations"] == 200
     assert mb.info["curvature_max"] > 2.0
     assert float(mb.info["residuals"].max()) < 0.2
     ts = exact.theta_star()
@@ -240,8 +238,8 @@ def test_sto_without_preconditioner_and_with_minibatches(problem, lin, prior, ex
     img_rel = ((mb.z.double() - z_ex) @ exact.J.t()).norm(dim=1) / (z_ex @ exact.J.t()).norm(dim=1)
     assert img_rel.median() < 0.3
     with pytest.raises(InputError):
-        sample_posterior(lin, problem.op, prior, s2, problem.y, 2, method="sto",
-                         batch_angles=0)
+        sample_posterior(lik, prior, s2, 2, method="sto",
+                         batch_size=0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -266,67 +264,67 @@ def test_sample_quadratics_match_exact_traces(cg_post, exact):
 # warm starts, options, errors
 
 
-def test_cg_warm_start_reuses_solutions_and_preconditioner(problem, lin):
+def test_cg_warm_start_reuses_solutions_and_preconditioner(lik, problem, lin):
     prior = BlockPrior(lin)
     s2 = problem.noise_std**2
     gen = torch.Generator().manual_seed(5)
-    first = sample_posterior(lin, problem.op, prior, s2, problem.y, 8, generator=gen)
-    again = sample_posterior(lin, problem.op, prior, s2, problem.y, 8, warm_start=first)
+    first = sample_posterior(lik, prior, s2, 8, generator=gen)
+    again = sample_posterior(lik, prior, s2, 8, warm_start=first)
     assert again.info["iterations"] == 0
     assert again.state.preconditioner is first.state.preconditioner
     assert torch.equal(again.state.base_u, first.state.base_u)
     assert torch.allclose(again.z, first.z)
     with torch.no_grad():
         prior.log_a += math.log(1.2)  # a small M-step: reuse, fewer iterations than cold
-    warm = sample_posterior(lin, problem.op, prior, s2 * 1.1, problem.y, 8, warm_start=first)
-    cold = sample_posterior(lin, problem.op, prior, s2 * 1.1, problem.y, 8,
+    warm = sample_posterior(lik, prior, s2 * 1.1, 8, warm_start=first)
+    cold = sample_posterior(lik, prior, s2 * 1.1, 8,
                             generator=torch.Generator().manual_seed(5))
     assert warm.state.preconditioner is first.state.preconditioner
     assert warm.info["converged"] and warm.info["iterations"] <= cold.info["iterations"]
     with torch.no_grad():
         prior.log_a += CGOptions().reuse_tol  # a big move (beyond reuse_tol) rebuilds it
-    moved = sample_posterior(lin, problem.op, prior, s2, problem.y, 8, warm_start=first)
+    moved = sample_posterior(lik, prior, s2, 8, warm_start=first)
     assert moved.state.preconditioner is not first.state.preconditioner
-    redrawn = sample_posterior(lin, problem.op, prior, s2, problem.y, 8, warm_start=first,
+    redrawn = sample_posterior(lik, prior, s2, 8, warm_start=first,
                                redraw=True, generator=torch.Generator().manual_seed(9))
     assert not torch.equal(redrawn.state.base_u, first.state.base_u)
     # another k: θ* and the preconditioner carry over, the draws are fresh
-    more = sample_posterior(lin, problem.op, prior, s2, problem.y, 12, warm_start=moved)
+    more = sample_posterior(lik, prior, s2, 12, warm_start=moved)
     assert more.k == 12 and more.state.preconditioner is moved.state.preconditioner
     assert more.info["residuals"][0] <= CGOptions().tol
     # an explicit preconditioner is used as it is, whatever the prior did
-    forced = sample_posterior(lin, problem.op, BlockPrior(lin, variance=0.01), s2, problem.y, 2,
+    forced = sample_posterior(lik, BlockPrior(lin, variance=0.01), s2, 2,
                               preconditioner=first.state.preconditioner)
     assert forced.state.preconditioner is first.state.preconditioner
     assert forced.info["converged"]
 
 
-def test_sto_warm_start(problem, lin, prior):
+def test_sto_warm_start(lik, problem, lin, prior):
     s2 = problem.noise_std**2
-    first = sample_posterior(lin, problem.op, prior, s2, problem.y, 4, method="sto",
+    first = sample_posterior(lik, prior, s2, 4, method="sto",
                              iterations=60, generator=torch.Generator().manual_seed(6))
-    again = sample_posterior(lin, problem.op, prior, s2, problem.y, 4, method="sto",
+    again = sample_posterior(lik, prior, s2, 4, method="sto",
                              iterations=60, warm_start=first)
     assert again.info["iterations"] < first.info["iterations"]
     assert torch.allclose(again.z, first.z, rtol=1e-3, atol=1e-3 * float(first.z.abs().max()))
     # explicit parameter-space starting points
-    moved = sample_posterior(lin, problem.op, prior, s2, problem.y, 4, method="sto",
+    moved = sample_posterior(lik, prior, s2, 4, method="sto",
                              iterations=60, theta_star0=first.theta_star, z0=first.z,
                              generator=torch.Generator().manual_seed(6))
     assert moved.info["iterations"] < first.info["iterations"]
 
 
-def test_zero_samples_and_the_linear_target(problem, lin, prior, exact):
-    post = sample_posterior(lin, problem.op, prior, problem.noise_std**2, problem.y, 0)
+def test_zero_samples_and_the_linear_target(lik, problem, lin, prior, exact):
+    post = sample_posterior(lik, prior, problem.noise_std**2, 0)
     assert post.z.shape == (0, lin.num_params) and post.theta_star.shape == (lin.num_params,)
-    yt = linear_target(lin, problem.op, problem.y).double().reshape(-1)
+    yt = lik.target.double().reshape(-1)
     assert torch.allclose(yt, exact.y_tilde)
 
 
-def test_gprior_sampling_matches_exact(problem, lin):
-    g = GPrior.from_linearization(lin, problem.op, exact=True, g=0.05)
-    ex = ExactPosterior(lin, problem.op, g, problem.noise_std**2, problem.y)
-    post = sample_posterior(lin, problem.op, g, problem.noise_std**2, problem.y, 8,
+def test_gprior_sampling_matches_exact(lik, problem, lin):
+    g = GPrior.from_likelihood(lik, exact=True, g=0.05)
+    ex = ExactPosterior(lik, g, problem.noise_std**2)
+    post = sample_posterior(lik, g, problem.noise_std**2, 8,
                             generator=torch.Generator().manual_seed(7))
     assert post.info["converged"]
     with torch.no_grad():
@@ -335,36 +333,50 @@ def test_gprior_sampling_matches_exact(problem, lin):
     _check_against_exact_solution(post, ex, kappa, post.info["residuals"])
 
 
-def test_progress_cancel_and_bad_input(problem, lin, prior):
+def test_progress_cancel_and_bad_input(lik, problem, lin, prior):
+    from ctuq.recon.evidence import ct_likelihood
+
     s2, y, op = problem.noise_std**2, problem.y, problem.op
     events = []
-    sample_posterior(lin, op, prior, s2, y, 2, progress=lambda ev: events.append(ev),
+    sample_posterior(lik, prior, s2, 2, progress=lambda ev: events.append(ev),
                      progress_every=1)
     assert events and events[-1].stage == "sampling"
     with pytest.raises(Cancelled):
-        sample_posterior(lin, op, prior, s2, y, 2, cancel=lambda: True)
+        sample_posterior(lik, prior, s2, 2, cancel=lambda: True)
     with pytest.raises(Cancelled):
-        sample_posterior(lin, op, prior, s2, y, 2, method="sto", cancel=lambda: True)
-    for bad in (dict(method="mcmc"), dict(noise_var=0.0), dict(k=-1), dict(tolerance=1e-3),
-                dict(method="sto", max_iter=3)):
-        kw = dict(method="cg", noise_var=s2, k=2)
+        sample_posterior(lik, prior, s2, 2, method="sto", cancel=lambda: True)
+    for bad in (dict(noise_var=0.0), dict(k=-1), dict(noise_var=float("nan"))):
+        kw = dict(noise_var=s2, k=2)
         kw.update(bad)
         with pytest.raises(InputError):
-            sample_posterior(lin, op, prior, kw.pop("noise_var"), y, kw.pop("k"), **kw)
+            sample_posterior(lik, prior, kw.pop("noise_var"), kw.pop("k"), **kw)
+    with pytest.raises(InputError):  # another method's options
+        CGSampler(STOOptions())
+    with pytest.raises(InputError):  # a prior of another network
+        sample_posterior(lik, BlockPrior(dict(list(lin.blocks.items())[:1])), s2, 2)
     with pytest.raises(InputError):
-        sample_posterior(lin, op, prior, s2, y[:5], 2)
+        ct_likelihood(lin, op, y[:5])
 
 
-def test_angle_subsets_are_adjoint(problem):
+def test_angle_subsets_are_adjoint(lik, problem):
     op = problem.op
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(2, 28, 28, generator=gen)
     idx = torch.tensor([1, 4, 7])
     s = torch.randn(2, 3, op.range_shape[1], generator=gen)
-    lhs = (A_subset(op, x, idx) * s).sum()
-    rhs = (x * A_adjoint_subset(op, s, idx)).sum()
+    lhs = (lik.A_subset(x, idx) * s).sum()
+    rhs = (x * lik.A_adjoint_subset(s, idx)).sum()
     assert lhs.item() == pytest.approx(rhs.item(), rel=1e-4)
-    assert torch.equal(A_subset(op, x, idx), op.A(x)[:, idx])
+    assert torch.equal(lik.A_subset(x, idx), op.A(x)[:, idx])
+    # Φ_S and Φ_Sᵀ are adjoint too, and the batch normal product is Φ_Sᵀ(Φ_S v − t_S)
+    v = torch.randn(2, lik.num_params, generator=gen)
+    u = torch.randn(2, 3, op.range_shape[1], generator=gen)
+    lhs = (lik.phi(v, idx) * u).sum((1, 2)).double()
+    rhs = (v * lik.phi_t(u, idx)).sum(1).double()
+    assert torch.allclose(lhs, rhs, rtol=1e-4)
+    t = torch.randn(2, *lik.obs_shape, generator=gen)
+    ref = lik.phi_t(lik.phi(v, idx) - t[:, idx], idx)
+    assert torch.allclose(lik.normal(v, idx, t), ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
 
 
 @pytest.mark.gpu
@@ -373,18 +385,19 @@ def test_cg_on_cuda_matches_cpu(problem, cg_post):
     from ctuq.data.geometry import Geometry
     from ctuq.data.operators import RayTransform
     from ctuq.models.unet import build_unet
-    from ctuq.recon.linearize import Linearization
+    from ctuq.posterior import Linearization
+    from ctuq.recon.evidence import ct_likelihood
 
     model = build_unet("reference-28", channels=(4, 4, 4))
     model.load_state_dict(problem.model.state_dict())
     op = RayTransform(Geometry.parallel(28, 20), backend="matrix", device="cuda")
     lin = Linearization(model.cuda().eval(), problem.net_input.cuda())
     prior = BlockPrior(lin)
-    post = sample_posterior(lin, op, prior, problem.noise_std**2, problem.y.cuda(), 16,
-                            generator=torch.Generator().manual_seed(0))
-    cpu = sample_posterior(problem.linearization(), problem.op, BlockPrior(problem.linearization()),
-                           problem.noise_std**2, problem.y, 16,
-                           generator=torch.Generator().manual_seed(0))
+    post = sample_posterior(ct_likelihood(lin, op, problem.y.cuda()), prior,
+                            problem.noise_std**2, 16, generator=torch.Generator().manual_seed(0))
+    lin_cpu = problem.linearization()
+    cpu = sample_posterior(ct_likelihood(lin_cpu, problem.op, problem.y), BlockPrior(lin_cpu),
+                           problem.noise_std**2, 16, generator=torch.Generator().manual_seed(0))
     assert post.z.device.type == "cuda" and post.info["converged"]
     # the draws come from the CPU generator: the same samples on both devices
     assert torch.equal(post.state.base_u.cpu(), cpu.state.base_u)

@@ -2,7 +2,7 @@
 
 Pick a data set (digits is bundled; MNIST-like sets need a folder of IDX/NPZ
 files), a model and the methods, press **Run**: the benchmark
-(:func:`ctuq.recon.classify_bench.run_benchmark`, one seed) runs in a
+(:func:`ctuq.classify.bench.run_benchmark`, one seed) runs in a
 napari ``thread_worker`` with a progress bar and **Cancel**. The result shows
 
 - the test images as an image stack ``"<dataset> test images"`` and a points
@@ -53,7 +53,7 @@ class ClassifyWidget(QWidget):
         The last finished benchmark.
     worker : napari worker or None
     config_overrides : dict
-        Extra :class:`~ctuq.recon.classify_bench.BenchConfig` fields applied
+        Extra :class:`~ctuq.classify.bench.BenchConfig` fields applied
         to every run (tests use it for tiny runs).
     """
 
@@ -71,7 +71,7 @@ class ClassifyWidget(QWidget):
 
     # -- layout ------------------------------------------------------------
     def _build_ui(self) -> None:
-        from ctuq.recon.classify_bench import DEFAULT_METHODS, METHODS
+        from ctuq.classify.bench import DEFAULT_METHODS, METHODS
 
         layout = QVBoxLayout(self)
         form = QFormLayout()
@@ -160,8 +160,8 @@ class ClassifyWidget(QWidget):
         return tuple(m for m, box in self.method_checks.items() if box.isChecked())
 
     def bench_config(self):
-        """The :class:`~ctuq.recon.classify_bench.BenchConfig` of the form (plus overrides)."""
-        from ctuq.recon.classify_bench import BenchConfig
+        """The :class:`~ctuq.classify.bench.BenchConfig` of the form (plus overrides)."""
+        from ctuq.classify.bench import BenchConfig
 
         cfg = BenchConfig(model=self.model_combo.currentText(),
                           prior=self.prior_combo.currentText(),
@@ -179,7 +179,7 @@ class ClassifyWidget(QWidget):
         from napari.utils.notifications import show_error
 
         from ctuq.data.classification import load_classification
-        from ctuq.recon.classify_bench import parse_methods, run_benchmark
+        from ctuq.classify.bench import parse_methods, run_benchmark
 
         if self._busy:
             return None
@@ -290,7 +290,7 @@ class ClassifyWidget(QWidget):
 
     def prediction_table(self, method: str) -> dict:
         """``true``, ``predicted``, ``confidence``, ``entropy`` per test image for ``method``."""
-        from ctuq.recon.classify_metrics import predictive_entropy
+        from ctuq.classify.metrics import predictive_entropy
 
         p = self.result.methods[method].test_probs
         return {"true": self.result.data.y_test.numpy().astype(int),

@@ -34,7 +34,7 @@ def draw_reliability(ax, reliabilities: dict, fg: str = "black") -> None:
     ----------
     ax : matplotlib Axes
     reliabilities : dict
-        Method → :func:`ctuq.recon.classify_metrics.reliability` output.
+        Method → :func:`ctuq.classify.metrics.reliability` output.
     """
     ax.plot([0, 1], [0, 1], ls=":", color=fg, lw=1, label="ideal")
     n_bins = None

@@ -286,8 +286,10 @@ def bench_classify(
 
     from ctuq.app.classify_figures import save_benchmark_figures
     from ctuq.errors import InputError
-    from ctuq.recon import classify_bench
-    from ctuq.recon.classify import STOOptions
+    from dataclasses import replace
+
+    from ctuq.classify import bench as classify_bench
+    from ctuq.classify.laplace import CLASSIFIER_STO
 
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
@@ -295,7 +297,8 @@ def bench_classify(
         raise InputError(f"must be comma-separated integers, got {seeds!r}",
                          field="--seeds") from None
     method_list = classify_bench.parse_methods(methods)
-    sto = {} if sto_batch_size is None else {"sto": STOOptions(batch_size=sto_batch_size)}
+    sto = {} if sto_batch_size is None else {
+        "sto": replace(CLASSIFIER_STO, batch_size=sto_batch_size)}
     cfg = classify_bench.BenchConfig(model=model, prior=prior, epochs=epochs,
                                      train_prior_precision=train_prior_precision,
                                      val_fraction=val_fraction, **sto)

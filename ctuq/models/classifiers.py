@@ -1,8 +1,8 @@
-"""Small image classifiers for the classification benchmark (METHOD.md §9).
+"""Small image classifiers for the classification benchmark (docs/method.md §10).
 
 Both output **logits** ``[N, C]`` for images ``[N, 1, H, W]`` and group their
 layers into prior blocks with :meth:`blocks` (one block per layer: its weight
-and bias), which :class:`ctuq.recon.linearize.Linearization` uses with
+and bias), which :class:`ctuq.posterior.linearize.Linearization` uses with
 ``param_filter='all'`` for layer-wise ARD priors.
 
 - :class:`MLP`: flatten → ``[Linear → ReLU → Dropout?]`` per hidden layer → Linear.

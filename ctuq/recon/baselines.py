@@ -29,7 +29,7 @@ import torch
 
 from ctuq.data.operators import RayTransform
 from ctuq.errors import InputError
-from ctuq.recon.progress import check_cancel, emit_progress
+from ctuq.progress import check_cancel, emit_progress
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def tv_reconstruction(y, op: RayTransform, weight: float | None = None, *,
         by ODL's overhead; kept as a cross-check, see the tests).
     progress : callable, optional
         Receives ``stage="tv"`` progress events every 50 iterations
-        (see :mod:`ctuq.recon.progress`).
+        (see :mod:`ctuq.progress`).
     cancel : callable, optional
         Returns True to stop; raises :class:`ctuq.errors.Cancelled`.
 

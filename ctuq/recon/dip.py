@@ -1,7 +1,7 @@
 """Deep-image-prior reconstruction with TV regularisation (DIP+TV).
 
 A U-net ``f(θ)`` with a fixed input (the FBP of ``y``, or fixed noise) is
-fitted to one sinogram (METHOD.md §2)::
+fitted to one sinogram (docs/method.md §1)::
 
     θ̃ = argmin_θ  ‖A f(θ) − y‖² + γ · TV(f(θ))
 
@@ -44,7 +44,7 @@ from torch import Tensor
 from ctuq.errors import Cancelled, InputError
 from ctuq.models.unet import UNet, UNetConfig, build_unet, preset_name_for_size, unet_preset
 from ctuq.recon.baselines import total_variation
-from ctuq.recon.progress import emit_progress
+from ctuq.progress import emit_progress
 
 __all__ = [
     "DIPConfig",
@@ -439,7 +439,7 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
     progress : callable, optional
         Called every ``config.progress_every`` iterations and at the end as
         ``progress(stage=, step=, total=, message=)`` or with a
-        :class:`~ctuq.recon.progress.ProgressEvent`.
+        :class:`~ctuq.progress.ProgressEvent`.
     cancel : callable, optional
         Checked before every iteration; returning True raises
         :class:`~ctuq.errors.Cancelled`.

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ctuq.errors import Cancelled, InputError
 from ctuq.recon.dip import DIPConfig, DIPResult, fit_dip
-from ctuq.recon.progress import emit_progress
+from ctuq.progress import emit_progress
 
 __all__ = ["MCDropoutResult", "fit_mc_dropout", "mc_dropout_predict", "enable_dropout",
            "DEFAULT_DROPOUT", "DEFAULT_SAMPLES"]

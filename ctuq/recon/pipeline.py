@@ -5,7 +5,7 @@
              ─▶ mean (the DIP output), std, metrics (when the truth is known) ─▶ Result
 
 :func:`reconstruct` takes a ``progress`` callable, which receives
-``(stage, step, total, message)`` events (see :mod:`ctuq.recon.progress`),
+``(stage, step, total, message)`` events (see :mod:`ctuq.progress`),
 and a ``cancel`` callable checked between steps. A stack of slices is
 reconstructed slice by slice (stage names then carry the slice number).
 
@@ -46,7 +46,7 @@ from ctuq.errors import InputError
 from ctuq.recon.baselines import estimate_noise_std, fbp_reconstruction
 from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
 from ctuq.recon.dip import fit_dip, resolve_device
-from ctuq.recon.progress import check_cancel, emit_progress
+from ctuq.progress import check_cancel, emit_progress
 
 log = logging.getLogger(__name__)
 
@@ -159,21 +159,21 @@ def posterior_uncertainty(dip, op: RayTransform, y: torch.Tensor, noise_std: flo
     Returns
     -------
     dict
-        ``posterior`` (:class:`~ctuq.recon.evidence.FittedPosterior`),
+        ``posterior`` (:class:`~ctuq.posterior.em.FittedPosterior`),
         ``linearization``, ``image_samples`` (zero-mean, ``[k, H, W]``),
-        ``variance`` and ``std`` (``[H, W]``) and ``timings`` (seconds of
-        ``em`` and ``predictive``).
+        ``variance`` and ``std`` (``[H, W]``), ``timings`` (seconds of
+        ``em`` and ``predictive``) and the engine ``options``
+        (:func:`~ctuq.recon.evidence.uncertainty_options`).
     """
+    from ctuq.posterior import Linearization
     from ctuq.recon import predictive
-    from ctuq.recon.evidence import EvidenceConfig, fit_posterior
-    from ctuq.recon.linearize import Linearization
+    from ctuq.recon.evidence import fit_posterior, uncertainty_options
 
     timings = {}
     t0 = time.perf_counter()
     lin = Linearization(dip.model, dip.net_input)
-    ev_cfg = EvidenceConfig(**{**_evidence_fields(unc), "learn_noise": bool(learn_noise),
-                               "seed": seed})
-    post = fit_posterior(lin, op, y, noise_var=noise_std**2, config=ev_cfg,
+    options = uncertainty_options(unc, learn_noise=bool(learn_noise), seed=seed)
+    post = fit_posterior(lin, op, y, noise_std**2, **options,
                          tv_weight=float(dip.config.resolve_tv_weight(y, op, noise_std)),
                          progress=progress, cancel=cancel)
     timings["em"] = time.perf_counter() - t0
@@ -189,11 +189,13 @@ def posterior_uncertainty(dip, op: RayTransform, y: torch.Tensor, noise_std: flo
     emit_progress(progress, "predictive", unc.predictive_samples, unc.predictive_samples, "done")
     timings["predictive"] = time.perf_counter() - t0
     return {"posterior": post, "linearization": lin, "image_samples": image_samples,
-            "variance": variance, "std": variance.sqrt(), "timings": timings}
+            "variance": variance, "std": variance.sqrt(), "timings": timings,
+            "options": options}
 
 
 def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, cancel) -> dict:
     from ctuq.recon import predictive
+    from ctuq.recon.evidence import options_summary
 
     t_start = time.perf_counter()
     geometry = sino.geometry
@@ -221,7 +223,6 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
     timings.update(unc_out["timings"])
     post, image_samples = unc_out["posterior"], unc_out["image_samples"]
     variance, std = unc_out["variance"], unc_out["std"]
-    ev_cfg = post.config
 
     mean = dip.reconstruction.detach()
     metrics = {}
@@ -234,7 +235,8 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
     effective = {"preset": config.preset_for(geometry.image_shape), "device": str(device),
                  "seed": config.seed, "backend": op.backend, "noise_std": noise_std,
                  "noise_std_known": noise_known, "dip": dip.config.to_dict(),
-                 "uncertainty": asdict(unc), "evidence": asdict(ev_cfg), "timings_s": timings}
+                 "uncertainty": asdict(unc), "evidence": options_summary(unc_out["options"]),
+                 "timings_s": timings}
     k = min(unc.stored_samples, unc.predictive_samples)
     return {
         "mean": mean.cpu().numpy(), "std": std.cpu().numpy(), "variance": variance.cpu().numpy(),
@@ -260,14 +262,6 @@ def flat_metrics(summary: dict) -> dict[str, float]:
         else:
             out[key] = float(value)
     return out
-
-
-def _evidence_fields(unc: UncertaintyConfig) -> dict:
-    from ctuq.recon.evidence import EvidenceConfig
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(EvidenceConfig)}
-    return {k: v for k, v in asdict(unc).items() if k in names}
 
 
 def reconstruct_file(input_path, out_path, config: ReconstructionConfig | None = None, *,

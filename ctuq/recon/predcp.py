@@ -1,4 +1,4 @@
-"""TV-PredCP: total variation as a hyperprior on the prior hyperparameters (METHOD.md §4).
+"""TV-PredCP: total variation as a hyperprior on the prior hyperparameters (docs/method.md §7).
 
 TV of the image is not a Gaussian prior, so it enters the linearised model as
 a *predictive complexity prior* on the hyperparameters ``ψ_b`` of each prior
@@ -54,24 +54,24 @@ Notes
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ctuq.errors import InputError
+from ctuq.posterior import BlockPrior, GaussianPrior, GPrior, Hyperprior, Linearization
 from ctuq.recon.baselines import total_variation
-from ctuq.recon.linearize import Linearization
-from ctuq.recon.priors import BlockPrior, GaussianPrior, GPrior
 
-__all__ = ["tv_gradient", "predcp_weight", "hyperparameter_tensors", "PredCPTerms",
-           "PredCPState", "TVPredCP"]
+__all__ = ["tv_gradient", "predcp_weight", "hyperparameter_tensors", "PredCPOptions",
+           "PredCPTerms", "PredCPState", "TVPredCP"]
 
 log = logging.getLogger(__name__)
 
 
 def tv_gradient(x: Tensor) -> Tensor:
-    """A subgradient of :func:`~ctuq.recon.dip.total_variation` per image, ``[..., H, W]``.
+    """A subgradient of :func:`~ctuq.recon.baselines.total_variation` per image, ``[..., H, W]``.
 
     Autograd of the project's one TV function (``sign`` of the finite
     differences, 0 at ties), detached.
@@ -107,6 +107,32 @@ def hyperparameter_tensors(prior: GaussianPrior) -> list[tuple[str, Tensor, list
     if isinstance(prior, GPrior):
         return [("log_g", prior.log_g, [True])]
     raise InputError(f"TV-PredCP does not know the prior {type(prior).__name__}", field="prior")
+
+
+@dataclass(frozen=True)
+class PredCPOptions:
+    """Settings of TV-PredCP in the EM (:func:`ctuq.recon.evidence.fit_posterior`).
+
+    Parameters
+    ----------
+    scale : float
+        ``predcp_scale``: ``λ = scale · γ`` (:func:`predcp_weight`; reference 1
+        at 28², 50 at 501²); 0 disables the hyperprior. Default 1.
+    samples : int
+        Reparameterised draws per block for ``κ_b``. Default 32.
+    """
+
+    scale: float = 1.0
+    samples: int = 32
+
+    def __post_init__(self):
+        if not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale)
+                and self.scale >= 0):
+            raise InputError(f"must be a number >= 0, got {self.scale!r}", field="predcp_scale")
+        if not isinstance(self.samples, int) or isinstance(self.samples, bool) \
+                or self.samples < 1:
+            raise InputError(f"must be an integer >= 1, got {self.samples!r}",
+                             field="predcp_samples")
 
 
 @dataclass
@@ -154,15 +180,19 @@ class PredCPState:
     kappa_se: Tensor
 
 
-class TVPredCP:
+class TVPredCP(Hyperprior):
     """The reparameterised TV-PredCP estimator for every prior block.
+
+    The engine's :class:`~ctuq.posterior.mstep.Hyperprior`: ``log_prob(state)``
+    is :attr:`PredCPTerms.log_prior` and the trace reports ``kappa``,
+    ``kappa_se``.
 
     Parameters
     ----------
     lin : Linearization
         Gives ``J`` and ``x̂ = lin.x_hat``.
     prior : GaussianPrior
-        :class:`~ctuq.recon.priors.BlockPrior` or :class:`~ctuq.recon.priors.GPrior`;
+        :class:`~ctuq.posterior.priors.BlockPrior` or :class:`~ctuq.posterior.priors.GPrior`;
         read at every call (so it can be optimised in place).
     weight : float
         ``λ`` (see :func:`predcp_weight`).
@@ -197,6 +227,18 @@ class TVPredCP:
         self.blocks = names if blocks is None else [b for b in names if b in set(blocks)]
         self.hyper = [h for h in hyperparameter_tensors(prior)
                       if lengthscales or h[0] != "log_l"]
+
+    def named_parameters(self) -> list[tuple[str, Tensor]]:
+        """``(name, tensor)`` of the log-hyperparameters ``ψ`` consists of."""
+        return [(name, p) for name, p, _ in self.hyper]
+
+    def log_prob(self, state: "PredCPState") -> Tensor:
+        """``log p(ψ)`` (offset, see the module notes), differentiable in ``ψ``."""
+        return self.terms(state).log_prior
+
+    def report(self, state: "PredCPState") -> dict:
+        return {"kappa": [float(v) for v in state.kappa],
+                "kappa_se": [float(v) for v in state.kappa_se]}
 
     def prepare(self) -> "PredCPState":
         """The JVP/VJP pass at the current hyperparameters (``N`` of each per block).

@@ -1,4 +1,4 @@
-"""Predictive statistics of the linearised posterior and the metrics to report (METHOD.md §8).
+"""Predictive statistics of the linearised posterior and the metrics to report (docs/method.md §8.1).
 
 Image-space samples are ``J z`` for zero-mean parameter samples ``z``; the
 predictive mean shown to users is the DIP output ``x̂`` (reference choice),

@@ -1,4 +1,4 @@
-"""The classification benchmark: methods × metrics on one data set (METHOD.md §9).
+"""The classification benchmark: methods × metrics on one data set (docs/method.md §10).
 
 :func:`run_benchmark` trains one MAP classifier per seed and evaluates each
 requested method on the test set, the OOD set and the rotated test sets:
@@ -8,15 +8,15 @@ requested method on the test set, the OOD set and the rotated test sets:
 ``map-temp``             the same logits divided by a temperature ``T`` tuned on the
                          validation split (temperature scaling)
 ``lla-sampled``          linearised Laplace, prior by MacKay/EM with STO samples
-                         (:func:`ctuq.recon.classify.fit_prior`), predictive by
+                         (:func:`ctuq.classify.laplace.fit_prior`), predictive by
                          Monte Carlo over ``predictive_samples`` linearised-logit samples
 ``lla-sampled-val``      the same samples, the function-space spread ``J z`` scaled by
                          ``t`` tuned on the validation split
-                         (:func:`ctuq.recon.classify.tune_predictive_scale`): logits
+                         (:func:`ctuq.classify.predictive.tune_predictive_scale`): logits
                          ``f + t·J z``, i.e. the posterior covariance ``t² H⁻¹``
 ``lla-sampled-probit``   the same samples, probit predictive (sample variances)
 ``lla-last-layer``       as ``lla-sampled`` with only the output layer linearised
-                         (:func:`ctuq.recon.classify.last_layer_filter`; one prior block)
+                         (:func:`ctuq.classify.laplace.last_layer_filter`; one prior block)
 ``lla-last-layer-val``   the last-layer LLA with ``t`` tuned on the validation split
 ``lla-exact``            dense float64 full-GGN Laplace, prior by L-BFGS on the exact
                          Laplace evidence, MC predictive over the exact Gaussian
@@ -26,7 +26,7 @@ requested method on the test set, the OOD set and the rotated test sets:
 ``lla-exact-prior-val``  the exact LLA with every prior precision multiplied by ``c``
                          tuned on the validation split (the Laplace tutorials' "prior
                          variance tuned on a validation set";
-                         :func:`ctuq.recon.classify.tune_prior_scale`): posterior
+                         :func:`ctuq.classify.predictive.tune_prior_scale`): posterior
                          ``(G + c Σ⁻¹)⁻¹``, MC predictive
 ``mc-dropout``           a second network with dropout, ``mc_dropout_samples`` passes
 ``laplace-torch``        laplace-torch's Laplace over all weights, full GGN, layer-wise
@@ -43,14 +43,15 @@ part of the *training* set is held out before MAP training
 network; only the ``-val`` methods (``VAL_METHODS``) and ``map-temp`` look at
 it. The test set is never used for tuning.
 
-Metrics (:mod:`ctuq.recon.classify_metrics`): accuracy, NLL, ECE
+Metrics (:mod:`ctuq.classify.metrics`): accuracy, NLL, ECE
 (``ece_bins`` equal-width bins, default 15), Brier, OOD AUROC from max-softmax
 confidence, accuracy and NLL per rotation angle. Wall times: ``seconds`` per
 method excludes the shared MAP training (reported as ``train_seconds``);
 the variants of one LLA share one EM fit and one set of samples (their
 ``seconds`` is that fit plus their own tuning and predictive).
 
-:func:`aggregate` turns several seeds into mean ± std.
+:func:`aggregate` (:mod:`ctuq.classify.report`, re-exported here) turns several seeds
+into mean ± std.
 """
 
 from __future__ import annotations
@@ -65,9 +66,11 @@ import torch
 from ctuq.data.classification import DEFAULT_ANGLES, ClassificationData, load_classification
 from ctuq.errors import InputError
 from ctuq.models.classifiers import build_classifier
-from ctuq.recon import classify as C
-from ctuq.recon import classify_metrics as M
-from ctuq.recon.progress import check_cancel, emit_progress
+from ctuq import classify as C
+from ctuq.classify import metrics as M
+from ctuq.classify.report import (aggregate, benchmark_document, environment,
+                                  pooled_reliability, rotation_rows)
+from ctuq.progress import check_cancel, emit_progress
 
 __all__ = ["BenchConfig", "MethodResult", "BenchResult", "run_benchmark", "aggregate",
            "METHODS", "DEFAULT_METHODS", "parse_methods", "run_seeds", "pooled_reliability",
@@ -165,7 +168,7 @@ class BenchConfig:
         linearised model's own mode ``θ*`` re-found at every EM step (predictive
         mean ``f(θ̂) + J(θ* − θ̂)``). Default ``'map'``.
     sto : STOOptions
-        Sampler settings. Default :class:`ctuq.recon.classify.STOOptions` ().
+        Sampler settings. Default :data:`ctuq.classify.laplace.CLASSIFIER_STO`.
     predictive_samples : int
         Posterior samples for the sampled predictive. Default 64.
     exact_mc_samples : int
@@ -196,7 +199,7 @@ class BenchConfig:
     em_samples: int = 8
     em_update: str = "mackay"
     lla_mode: str = "map"
-    sto: C.STOOptions = field(default_factory=C.STOOptions)
+    sto: C.STOOptions = C.CLASSIFIER_STO
     predictive_samples: int = 64
     exact_mc_samples: int = 1000
     max_exact_params: int = 6000
@@ -248,7 +251,7 @@ class MethodResult:
     rotation : list of dict
         ``angle``, ``accuracy``, ``nll`` per angle.
     reliability : dict
-        :func:`ctuq.recon.classify_metrics.reliability` on the test set.
+        :func:`ctuq.classify.metrics.reliability` on the test set.
     seconds : float
     extra : dict
         Method specifics (prior variances, EM trace, …).
@@ -437,17 +440,15 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
                          update=cfg.em_update, probs=probs_train, options=cfg.sto,
                          generator=gen, mode=cfg.lla_mode, y=data.y_train,
                          progress=progress, cancel=cancel)
-        if em.probs is not None:
-            probs_train = em.probs
+        probs_train = em.likelihood.probs  # the GGN's p_n (at θ* with lla_mode='linear')
         sample = C.sample_sto(lin, data.x_train, prior, cfg.predictive_samples,
                               probs=probs_train, options=cfg.sto, generator=gen,
                               progress=progress, cancel=cancel)
-        shift = torch.zeros_like(lin.theta_hat) if em.theta_star is None else \
-            em.theta_star - lin.theta_hat
+        shift = em.theta_star - lin.theta_hat  # exactly 0 for the post-hoc Laplace ('map')
         setup = time.perf_counter() - t0
-        extra = {"variances": em.variances(), "blocks": list(prior.block_names),
+        extra = {"variances": em.hyperparameters()["a_b"], "blocks": list(prior.block_names),
                  "num_params": lin.num_params, "mode": cfg.lla_mode,
-                 "em_trace": em.trace, "em_seconds": em.seconds,
+                 "em_trace": em.trace, "em_seconds": em.info["seconds"],
                  "sto_iterations": sample.info["iterations"],
                  "sto_seconds": sample.info["time"],
                  "sto_max_residual": float(sample.info["residuals"].max())}
@@ -542,36 +543,6 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
                        tr["seconds"], clin.num_params, data)
 
 
-def aggregate(results: list) -> dict:
-    """Mean and standard deviation over seeds of every metric and wall time.
-
-    Parameters
-    ----------
-    results : list of BenchResult
-
-    Returns
-    -------
-    dict
-        ``method → {metric → {"mean", "std", "values"}}`` (``std`` with
-        ``ddof=1``; 0 for one seed), including ``seconds`` and per-angle
-        ``rotation_nll_<angle>`` / ``rotation_accuracy_<angle>``.
-    """
-    table: dict = {}
-    for res in results:
-        for name, mr in res.methods.items():
-            vals = dict(mr.metrics)
-            vals["seconds"] = mr.seconds
-            for r in mr.rotation:
-                vals[f"rotation_nll_{r['angle']:g}"] = r["nll"]
-                vals[f"rotation_accuracy_{r['angle']:g}"] = r["accuracy"]
-            for k, v in vals.items():
-                table.setdefault(name, {}).setdefault(k, []).append(float(v))
-    return {name: {k: {"mean": float(np.mean(v)),
-                       "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
-                       "values": v} for k, v in cols.items()}
-            for name, cols in table.items()}
-
-
 def run_seeds(dataset: str = "digits", methods=DEFAULT_METHODS,
               config: BenchConfig | None = None, seeds=(0,), *, data_dir=None, ood_dir=None,
               n_train: int | None = None, n_test: int | None = None, progress=None,
@@ -584,50 +555,3 @@ def run_seeds(dataset: str = "digits", methods=DEFAULT_METHODS,
         out.append(run_benchmark(data, methods, config, seed=int(s), progress=progress,
                                  cancel=cancel))
     return out
-
-
-def pooled_reliability(results: list, n_bins: int | None = None) -> dict:
-    """Method → reliability diagram of the test predictions of all seeds pooled."""
-    pooled: dict = {}
-    for res in results:
-        y = res.data.y_test.numpy() if res.data is not None else None
-        for name, mr in res.methods.items():
-            if mr.test_probs is None or y is None:
-                continue
-            p, l = pooled.setdefault(name, ([], []))
-            p.append(mr.test_probs)
-            l.append(y)
-    bins = n_bins or (results[0].config.get("ece_bins", M.DEFAULT_ECE_BINS) if results else 15)
-    return {name: M.reliability(np.concatenate(p), np.concatenate(l), bins)
-            for name, (p, l) in pooled.items()}
-
-
-def rotation_rows(agg: dict) -> dict:
-    """Method → ``[{"angle", "accuracy", "nll", "accuracy_std", "nll_std"}]`` from :func:`aggregate`."""
-    out = {}
-    for name, cols in agg.items():
-        angles = sorted(float(k[len("rotation_nll_"):]) for k in cols
-                        if k.startswith("rotation_nll_"))
-        out[name] = [{"angle": a,
-                      "accuracy": cols[f"rotation_accuracy_{a:g}"]["mean"],
-                      "accuracy_std": cols[f"rotation_accuracy_{a:g}"]["std"],
-                      "nll": cols[f"rotation_nll_{a:g}"]["mean"],
-                      "nll_std": cols[f"rotation_nll_{a:g}"]["std"]} for a in angles]
-    return out
-
-
-def environment() -> dict:
-    """torch version and threads, machine, Python: what a benchmark's times depend on."""
-    import platform
-
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
-            "machine": platform.machine(), "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine()}
-
-
-def benchmark_document(results: list) -> dict:
-    """One JSON-serialisable document: aggregate over seeds, per-seed results, environment."""
-    return {"aggregate": aggregate(results),
-            "seeds": [r.seed for r in results],
-            "runs": [r.to_dict() for r in results],
-            "environment": environment()}

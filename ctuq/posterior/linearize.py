@@ -1,4 +1,4 @@
-"""The tangent linear model of a fitted network: Jacobian products (METHOD.md §3).
+"""The tangent linear model of a fitted network: Jacobian products (docs/method.md §2).
 
 For a network ``f(θ)`` with a fixed input and a fit ``θ̃``, the linearisation
 is ``h(θ) = f(θ̃) + J (θ − θ̃)`` with ``J = ∂f/∂θ`` at ``θ̃`` (shape
@@ -13,11 +13,12 @@ network's prior blocks (:meth:`ctuq.models.unet.UNet.blocks`).
 - ``jvp(v)``: ``J v`` by forward-mode AD (``torch.func.jvp`` under ``vmap``),
 - ``vjp(u)``: ``Jᵀ u`` by reverse-mode AD (``torch.func.vjp``; the forward
   pass is taken once at construction and reused by every call),
-- ``phi(v, op) = A(J v)`` and ``phi_t(u, op) = Jᵀ(Aᵀ u)`` for a ray
-  transform ``op`` (the ray transform stays outside the Jacobian),
 - ``dense()``: the dense ``J`` for small problems (float32 or float64).
 
-The output sigmoid of the U-net stays inside ``f`` (reference choice).
+The map from the network output to the data (a ray transform, a softmax)
+stays outside the Jacobian: it belongs to the likelihood
+(:mod:`ctuq.posterior.likelihood`). The output sigmoid of the U-net stays
+inside ``f`` (reference choice).
 
 Examples
 --------
@@ -46,7 +47,7 @@ from torch.func import functional_call, jvp, vjp, vmap
 from ctuq.errors import InputError
 
 __all__ = ["ParamSegment", "ParamBlock", "Linearization", "select_parameters",
-           "dense_ray_matrix", "auto_chunk_size", "CPU_CHUNK_ELEMENTS"]
+           "auto_chunk_size", "CPU_CHUNK_ELEMENTS"]
 
 log = logging.getLogger(__name__)
 
@@ -421,14 +422,6 @@ class Linearization:
         out = torch.cat([self._batched(lambda ui: fn(ui)[0], c) for c in self._chunks(u)])
         return out[0] if single else out
 
-    def phi(self, v: Tensor, op) -> Tensor:
-        """``Φ v = A (J v)``: ``[k, d_θ]`` → ``[k, n_angles, n_det]``."""
-        return op.A(self.jvp(v))
-
-    def phi_t(self, u: Tensor, op) -> Tensor:
-        """``Φᵀ u = Jᵀ (Aᵀ u)``: ``[k, n_angles, n_det]`` → ``[k, d_θ]``."""
-        return self.vjp(op.A_adjoint(u))
-
     # ------------------------------------------------------------------ dense
     def activation_numel(self) -> int:
         """Elements of all intermediate activations of one forward pass (memory estimates)."""
@@ -507,15 +500,3 @@ class Linearization:
         return (f"Linearization(d_theta={self.num_params}, blocks={list(self.blocks)}, "
                 f"output={self.image_shape})")
 
-
-def dense_ray_matrix(op, dtype: torch.dtype = torch.float64) -> Tensor:
-    """The dense ray transform ``A``, ``[d_y, d_x]``, from ``op.A`` of the image basis.
-
-    Rows in sinogram C order (angle-major), columns in image C order; small
-    problems only (28²: 800 × 784).
-    """
-    n0, n1 = op.domain_shape
-    eye = torch.eye(n0 * n1, device=op.device).reshape(-1, n0, n1)
-    with torch.no_grad():
-        cols = op.A(eye).reshape(n0 * n1, -1)
-    return cols.t().contiguous().to(dtype)

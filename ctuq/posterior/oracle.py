@@ -1,12 +1,13 @@
-"""The exact dense oracle of the linearised posterior (METHOD.md §5–7), float64.
+"""The exact dense oracle of a linearised Gaussian posterior (docs/method.md §9), float64.
 
-For small problems (28² images, ``d_θ`` up to ~10⁵) everything is formed
-densely: ``J`` (``d_x × d_θ``, by batched VJPs in double precision), ``A``
+For a :class:`~ctuq.posterior.likelihood.LinearGaussianLikelihood` of a small
+problem (28² images, ``d_θ`` up to ~10⁵) everything is formed densely: ``J``
+(``d_x × d_θ``, by batched VJPs in double precision), the operator ``A``
 (``d_y × d_x``), ``Φ = A J``, the observation-space kernel
 ``K = Φ Σ Φᵀ + σ² I`` and its Cholesky factor. From these:
 
 - ``θ* = Σ Φᵀ K⁻¹ ỹ`` (= ``H⁻¹ Φᵀ ỹ / σ²``),
-- the image-space posterior covariance
+- the output-space (CT: image-space) posterior covariance
   ``Cov[x | y] = J H⁻¹ Jᵀ = S − S Aᵀ K⁻¹ A S`` with ``S = J Σ Jᵀ`` (never a
   ``d_θ × d_θ`` inverse), and its diagonal,
 - the evidence ``log p(y) = −½ ỹᵀ K⁻¹ ỹ − ½ log|K| − (d_y/2) log 2π``,
@@ -25,21 +26,17 @@ float64 and one ``d_x² d_θ`` product.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ctuq.errors import InputError
-from ctuq.recon.dip import dip_tv_loss
-from ctuq.recon.linearize import Linearization, dense_ray_matrix
-from ctuq.recon.priors import GaussianPrior
-from ctuq.recon.sampling import linear_target
+from ctuq.posterior.likelihood import LinearGaussianLikelihood, dense_matrix
+from ctuq.posterior.priors import GaussianPrior
 
-__all__ = ["ExactPosterior", "dense_ray_matrix", "ToyProblem", "toy_problem"]
+__all__ = ["ExactPosterior"]
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +48,15 @@ class ExactPosterior:
 
     Parameters
     ----------
-    lin : Linearization
-    op : RayTransform
+    likelihood : LinearGaussianLikelihood
+        Its linearisation gives ``J``, its operator ``A``, its target ``ỹ``
+        (without data: no ``θ*``, no evidence).
     prior : GaussianPrior
         Its current hyperparameters are read at every call (the dense
         ``J``, ``A`` are computed once), so it can be optimised in place or
         replaced (``ex.prior = other``).
     noise_var : float or Tensor
         ``σ²``; a 0-d tensor (e.g. ``log_noise.exp()``) stays differentiable.
-    y : Tensor, optional
-        The sinogram (needed for ``θ*`` and the evidence).
     J : Tensor, optional
         A precomputed dense Jacobian ``[d_x, d_θ]`` (float64).
 
@@ -82,17 +78,22 @@ class ExactPosterior:
     differentiable.
     """
 
-    def __init__(self, lin: Linearization, op, prior: GaussianPrior, noise_var,
-                 y: Tensor | None = None, *, J: Tensor | None = None):
-        self.lin, self.op, self.prior = lin, op, prior
+    def __init__(self, likelihood: LinearGaussianLikelihood, prior: GaussianPrior, noise_var,
+                 *, J: Tensor | None = None):
+        if not isinstance(likelihood, LinearGaussianLikelihood):
+            raise InputError("the dense oracle needs a Gaussian likelihood through a linear "
+                             f"operator, got {type(likelihood).__name__}", field="likelihood")
+        lin = likelihood.lin
+        self.likelihood, self.lin, self.prior = likelihood, lin, prior
         self.noise_var = noise_var
         self.J = (lin.dense(DTYPE) if J is None else J.to(DTYPE)).detach()
-        self.A = dense_ray_matrix(op, DTYPE).to(self.J.device)
+        self.A = dense_matrix(likelihood.operator, DTYPE).to(self.J.device)
         self._phi: Tensor | None = None
         self.d_x, self.d_theta = self.J.shape
         self.d_y = self.A.shape[0]
         self.image_shape = lin.image_shape
-        self.y_tilde = None if y is None else linear_target(lin, op, y).reshape(-1).to(DTYPE)
+        t = likelihood.target
+        self.y_tilde = None if t is None else t.reshape(-1).to(DTYPE)
         self.row_chunk = 512
         self._cache: dict = {}
 
@@ -112,7 +113,7 @@ class ExactPosterior:
 
     def _need_y(self) -> Tensor:
         if self.y_tilde is None:
-            raise InputError("the exact posterior was built without a sinogram", field="y")
+            raise InputError("the exact posterior's likelihood has no data", field="y")
         return self.y_tilde
 
     def _needs_graph(self, noise_var=None) -> bool:
@@ -264,115 +265,3 @@ class ExactPosterior:
 
     def __repr__(self) -> str:
         return f"ExactPosterior(d_x={self.d_x}, d_y={self.d_y}, d_theta={self.d_theta})"
-
-
-# ------------------------------------------------------------------------------
-# a small seeded problem for tests, benchmarks and examples
-
-
-@dataclass
-class ToyProblem:
-    """A simulated CT problem with a (briefly) fitted U-net.
-
-    Attributes
-    ----------
-    op : RayTransform
-    truth : Tensor, shape (H, W)
-    y : Tensor, shape (n_angles, n_det)
-    noise_std : float
-        ``σ`` of the simulated Gaussian noise.
-    model : UNet
-        Fitted, eval mode.
-    net_input : Tensor, shape (1, 1, H, W)
-    fit_time : float
-        Seconds spent fitting.
-    """
-
-    op: object
-    truth: Tensor
-    y: Tensor
-    noise_std: float
-    model: torch.nn.Module
-    net_input: Tensor
-    fit_time: float
-
-    def linearization(self, **kwargs) -> Linearization:
-        """A fresh :class:`Linearization` of the fitted model."""
-        return Linearization(self.model, self.net_input, **kwargs)
-
-
-@functools.lru_cache(maxsize=4)
-def toy_problem(size: int = 28, n_angles: int = 20, *, unet="reference-28",
-                channels: tuple[int, ...] | None = (4, 4, 4), fit_steps: int = 200,
-                lr: float = 5e-3, tv_weight: float = 0.5, noise_level: float = 0.05,
-                phantom: str | None = None, seed: int = 0, device="cpu",
-                threads: int | None = 1) -> ToyProblem:
-    """A small seeded CT problem: phantom, noisy sinogram, U-net fitted by a few Adam steps.
-
-    The fit (Adam on ``‖A f(θ) − y‖² + γ TV(f(θ))`` from the FBP input,
-    ``fit_steps`` steps) is deliberately short: the linearisation maths does
-    not need a good fit. Results are cached per argument tuple (the same
-    objects come back: do not modify them).
-
-    Parameters
-    ----------
-    size, n_angles : int
-        Image side and number of parallel-beam angles. Defaults 28, 20.
-    unet : str
-        U-net preset. Default ``'reference-28'``.
-    channels : tuple of int or None
-        Override of the preset's widths (default ``(4, 4, 4)``: 1,512 conv
-        weights, so the dense oracle is cheap); None keeps the preset's.
-    fit_steps, lr, tv_weight : optional
-        Adam steps (default 200), learning rate (5e-3), TV weight γ (0.5).
-    noise_level : float
-        Noise std relative to mean |A x|. Default 0.05.
-    phantom : str or None
-        ``'digits'``, ``'shepp'``, ``'ellipses'``…; None: digits for sizes
-        ≤ 32, else ellipses.
-    seed : int
-    device : str
-    threads : int or None
-        CPU threads for the fit (restored afterwards). Default 1: a 28² fit
-        gains nothing from more, and on a busy machine oversubscribed
-        threads make it up to 40× slower (measured). None: leave as is.
-    """
-    import time
-
-    from ctuq.data.geometry import Geometry
-    from ctuq.data.operators import RayTransform
-    from ctuq.data.phantoms import make_phantom
-    from ctuq.data.simulate import simulate_sinogram
-    from ctuq.models.unet import build_unet
-
-    t0 = time.perf_counter()
-    device = torch.device(device)
-    op = RayTransform(Geometry.parallel(size, n_angles), backend="matrix", device=device)
-    name = phantom or ("digits" if size <= 32 else "ellipses")
-    truth = torch.as_tensor(make_phantom(name, size, seed), dtype=torch.float32).to(device)
-    y, noise_std = simulate_sinogram(truth, op, noise_level, seed=seed + 1)
-    overrides = {} if channels is None else {"channels": tuple(channels)}
-    model = build_unet(unet, seed=seed, device=device, **overrides)
-    net_input = op.fbp(y).reshape(1, 1, size, size).float().to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    old_threads = torch.get_num_threads()
-    if threads is not None and device.type == "cpu":
-        torch.set_num_threads(int(threads))
-    try:
-        _fit(model, net_input, op, y, opt, int(fit_steps), float(tv_weight))
-    finally:
-        torch.set_num_threads(old_threads)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return ToyProblem(op, truth, y, float(noise_std), model, net_input.detach(),
-                      time.perf_counter() - t0)
-
-
-def _fit(model, net_input, op, y, opt, steps: int, tv_weight: float) -> None:
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = dip_tv_loss(model(net_input)[0, 0], y, op, tv_weight)[0]
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()

@@ -1,4 +1,4 @@
-"""Gaussian priors on the linearised weights (METHOD.md §4).
+"""Gaussian priors on the linearised weights (docs/method.md §4).
 
 ``θ ~ N(0, Σ)`` with ``Σ`` block-diagonal over the network's prior blocks:
 
@@ -8,9 +8,11 @@
   of a conv kernel on the integer grid, shared by all ``n_b`` filters
   (``c_out · c_in`` kernels) of the block; 1×1 convs (and biases) get the
   identity. ``kind='iso'``: ``C_b = I`` (per-block ARD).
-- :class:`GPrior`: ``Σ = g · diag(s)²`` with ``s_i = (mean_rows (A J)²_{:, i})^{-1/2}``
-  (equivalently: the columns of ``Φ = A J`` rescaled by ``s`` and an
-  isotropic prior of variance ``g``), one hyperparameter.
+- :class:`GPrior`: ``Σ = g · diag(s)²`` with ``s_i = (diag(ΦᵀΦ)_i / n)^{-1/2}``
+  for the likelihood's factor ``Φ`` and its number of observations ``n``
+  (CT: ``Φ = A J``, ``n = d_y``, so ``s_i = (mean_rows (A J)²_{:, i})^{-1/2}``;
+  classifiers: ``Φ = B J``, ``n = N``), equivalently the columns of ``Φ``
+  rescaled by ``s`` and an isotropic prior of variance ``g``; one hyperparameter.
 
 Both keep their hyperparameters as ``torch.nn.Parameter`` in log space
 (``log_a`` of shape ``[B]``, ``log_l`` of shape ``[B]``; ``log_g`` of shape
@@ -34,7 +36,7 @@ Examples
 --------
 >>> import torch
 >>> from ctuq.models.unet import build_unet
->>> from ctuq.recon.linearize import Linearization
+>>> from ctuq.posterior.linearize import Linearization
 >>> lin = Linearization(build_unet("reference-28", channels=(4, 4, 4)), torch.rand(1, 1, 28, 28))
 >>> prior = BlockPrior(lin)
 >>> theta0 = prior.sample(5, torch.Generator().manual_seed(0))
@@ -53,10 +55,10 @@ import torch
 from torch import Tensor, nn
 
 from ctuq.errors import InputError
-from ctuq.recon.linearize import Linearization, ParamBlock, dense_ray_matrix
+from ctuq.posterior.linearize import Linearization, ParamBlock
 
 __all__ = ["GaussianPrior", "BlockPrior", "GPrior", "matern_half_kernel", "kernel_positions",
-           "diag_phi_t_phi"]
+           "build_prior", "PRIOR_KINDS"]
 
 log = logging.getLogger(__name__)
 
@@ -352,6 +354,11 @@ class BlockPrior(GaussianPrior):
         return t.to(device)
 
     @property
+    def name(self) -> str:
+        """``'matern'`` or ``'ard'`` (the isotropic kind), as in :data:`PRIOR_KINDS`."""
+        return "matern" if self.kind == "matern" else "ard"
+
+    @property
     def variances(self) -> Tensor:
         """``a_b`` per block, ``[B]`` (differentiable)."""
         return self.log_a.exp()
@@ -411,33 +418,8 @@ class BlockPrior(GaussianPrior):
         return f"kind={self.kind!r}, blocks={self.block_names}, d={self.num_params}"
 
 
-def diag_phi_t_phi(lin: Linearization, op, *, n_probes: int = 256,
-                   generator: torch.Generator | None = None, batch_size: int = 64,
-                   exact: bool = False) -> Tensor:
-    """``diag(Φᵀ Φ)`` for ``Φ = A J``, ``[d_θ]``.
-
-    By Rademacher probes, ``E[(Φᵀ ε)²] = diag(ΦᵀΦ)`` for ``ε_r = ±1``
-    (relative error of each entry ≈ ``sqrt(2/n_probes)`` at most), or exactly
-    from the dense ``J`` (small problems).
-    """
-    if exact:
-        J = lin.dense(torch.float64)
-        A = dense_ray_matrix(op, torch.float64)
-        return (A @ J).square().sum(0)
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    acc = torch.zeros(lin.num_params, dtype=torch.float64, device=lin.device)
-    done = 0
-    while done < n_probes:
-        m = min(batch_size, n_probes - done)
-        eps = torch.randint(0, 2, (m, *op.range_shape), generator=gen).float() * 2 - 1
-        g = lin.phi_t(eps.to(lin.device), op)
-        acc += g.double().square().sum(0)
-        done += m
-    return acc / n_probes
-
-
 class GPrior(GaussianPrior):
-    """The g-prior: ``Σ = g · diag(s)²``, ``s_i = (mean_rows (A J)²_{:, i})^{-1/2}``.
+    """The g-prior: ``Σ = g · diag(s)²``, ``s_i = (diag(ΦᵀΦ)_i / n)^{-1/2}`` (module docstring).
 
     One block ``'all'`` covering every parameter, with ``C = diag(s)²`` and
     ``a = g``; the interface is that of :class:`BlockPrior`.
@@ -445,7 +427,7 @@ class GPrior(GaussianPrior):
     Parameters
     ----------
     scale : Tensor, shape (d_θ,)
-        ``s`` (build it with :meth:`from_linearization`).
+        ``s`` (build it with :meth:`from_likelihood`).
     g : float, optional
         Initial ``g``. Default 1.
 
@@ -471,15 +453,16 @@ class GPrior(GaussianPrior):
         self._piece = _Piece(0, self.num_params, 1, None)
 
     @classmethod
-    def from_linearization(cls, lin: Linearization, op, g: float = 1.0, *,
-                           n_probes: int = 256, generator: torch.Generator | None = None,
-                           exact: bool = False, floor: float = 1e-6) -> "GPrior":
-        """Estimate ``s`` from ``diag(ΦᵀΦ)`` (probes, or exact from the dense Jacobian).
+    def from_likelihood(cls, likelihood, g: float = 1.0, *, n_probes: int = 256,
+                        generator: torch.Generator | None = None, exact: bool = False,
+                        floor: float = 1e-6) -> "GPrior":
+        """Estimate ``s`` from the likelihood's ``diag(ΦᵀΦ)`` (probes, or exact).
 
         Parameters
         ----------
-        lin : Linearization
-        op : RayTransform
+        likelihood : Likelihood
+            Gives ``Φ`` (:meth:`~ctuq.posterior.likelihood.Likelihood.diag_normal`)
+            and the normaliser ``n = likelihood.num_observations``.
         g : float, optional
             Initial ``g``. Default 1.
         n_probes : int, optional
@@ -487,15 +470,16 @@ class GPrior(GaussianPrior):
         generator : torch.Generator, optional
             For the probes (CPU). Default: seeded with 0.
         exact : bool, optional
-            Compute ``diag(ΦᵀΦ)`` from the dense Jacobian. Default False.
+            Compute ``diag(ΦᵀΦ)`` from dense Jacobians. Default False.
         floor : float, optional
             ``diag`` entries below ``floor · mean(diag)`` (dead weights) are
             raised to it so that ``s`` stays finite. Default 1e-6.
         """
-        diag = diag_phi_t_phi(lin, op, n_probes=n_probes, generator=generator, exact=exact)
-        d_y = math.prod(op.range_shape)
+        diag = likelihood.diag_normal(n_probes=n_probes, generator=generator, exact=exact)
         diag = diag.clamp_min(floor * float(diag.mean()) + 1e-300)
-        return cls((diag / d_y).rsqrt().to(lin.device), g=g)
+        return cls((diag / likelihood.num_observations).rsqrt().to(likelihood.device), g=g)
+
+    name = "gprior"
 
     @property
     def variances(self) -> Tensor:
@@ -519,3 +503,36 @@ class GPrior(GaussianPrior):
 
     def extra_repr(self) -> str:
         return f"d={self.num_params}"
+
+
+#: The priors of :func:`build_prior`: Matérn-½ per-block filter covariance, isotropic
+#: per-block ARD, the g-prior.
+PRIOR_KINDS = ("matern", "ard", "gprior")
+
+
+def build_prior(likelihood, kind: str, variance: float = 1.0, lengthscale: float = 0.1, *,
+                generator: torch.Generator | None = None, **gprior_options) -> GaussianPrior:
+    """A prior of kind ``kind`` over the likelihood's linearised parameters, on its device.
+
+    Parameters
+    ----------
+    likelihood : Likelihood
+        Its linearisation gives the blocks; the g-prior's scales come from its ``Φ``.
+    kind : {'matern', 'ard', 'gprior'}
+        :class:`BlockPrior` ``kind='matern'`` or ``kind='iso'``, or :class:`GPrior`.
+    variance : float, optional
+        Initial ``a_b`` (every block) or ``g``. Default 1 (reference).
+    lengthscale : float, optional
+        Initial Matérn ``ℓ_b``. Default 0.1 (reference).
+    generator : torch.Generator, optional
+        The g-prior's probes.
+    **gprior_options
+        Passed to :meth:`GPrior.from_likelihood` (``exact``, ``n_probes``, ``floor``).
+    """
+    if kind == "gprior":
+        return GPrior.from_likelihood(likelihood, g=variance, generator=generator,
+                                      **gprior_options)
+    if kind in ("matern", "ard"):
+        return BlockPrior(likelihood.lin, kind="matern" if kind == "matern" else "iso",
+                          variance=variance, lengthscale=lengthscale)
+    raise InputError(f"must be one of {', '.join(PRIOR_KINDS)}, got {kind!r}", field="prior")

@@ -1,0 +1,270 @@
+"""The data term of the linearised model, behind one interface (docs/method.md §3).
+
+Every client of the engine writes its linearised data term as a factor
+``Φ`` (``d_y × d_θ``) of the Gauss–Newton matrix and, where there is one, a
+data target ``ỹ``:
+
+    data term  ½ ‖ỹ − Φ θ‖² / σ²       (Gaussian: ỹ the linear-model target)
+               ½ ‖Φ θ‖²                (categorical at the MAP: Φ = B J, no target)
+
+so that the posterior precision is ``H = ΦᵀΦ / σ² + Σ⁻¹`` in both cases
+(``σ² = 1`` where the likelihood has no noise parameter). The noise
+variance is kept outside ``Φ`` so that the EM can learn it without
+rebuilding the likelihood. The samplers, priors, EM and oracles of
+:mod:`ctuq.posterior` only use what :class:`Likelihood` declares:
+
+- ``phi(v, idx)`` = ``Φ_S v`` and ``phi_t(u, idx)`` = ``Φ_Sᵀ u``, batched over
+  vectors, restricted to the mini-batch ``S = idx`` of the batch axis (the
+  first axis of an observation: projection angles for CT, data points for
+  classifiers); ``normal(v, idx, target)`` = ``Φ_Sᵀ (Φ_S v − t_S)``,
+- ``diag_normal()``: ``diag(ΦᵀΦ)`` by Rademacher probes or exactly,
+- ``target``: ``ỹ`` (``obs_shape``) or None, and ``mode``: the point the
+  posterior is centred on when there is no target to solve for,
+- ``num_observations``: the normaliser of the g-prior's column scales,
+- ``draw_batch`` / ``batches``: how a sampler draws mini-batches.
+
+:class:`LinearGaussianLikelihood` is the Gaussian likelihood through any
+linear operator ``A`` (CT: a ray transform) applied to the network output;
+the categorical likelihood of classifiers is
+:class:`ctuq.posterior.categorical.CategoricalLikelihood`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from ctuq.errors import InputError
+from ctuq.posterior.linearize import Linearization
+
+__all__ = ["Likelihood", "LinearGaussianLikelihood", "dense_matrix"]
+
+
+class Likelihood:
+    """Interface of a linearised data term (module docstring).
+
+    Attributes
+    ----------
+    lin : Linearization
+        The Jacobian operator (``num_params``, ``device``, ``chunk_size``).
+    obs_shape : tuple of int
+        Shape of one observation-space vector (its first axis is the batch axis).
+    num_observations : int
+        The g-prior's normaliser: ``s_i = (diag(ΦᵀΦ)_i / num_observations)^{-1/2}``.
+    target : Tensor or None
+        ``ỹ``, shape ``obs_shape``; None when the likelihood has no target.
+    mode : Tensor, shape (d_θ,)
+        The posterior's centre when ``target`` is None (the linearisation point).
+    """
+
+    lin: Linearization
+    obs_shape: tuple
+    num_observations: int
+    target: Tensor | None = None
+    #: What the mini-batch axis counts (for messages).
+    batch_axis: str = "observations"
+
+    # -- to be provided -----------------------------------------------------------
+    def phi(self, v: Tensor, idx: Tensor | None = None) -> Tensor:  # pragma: no cover
+        """``Φ_S v``: ``[k, d_θ]`` → ``[k, |S|, …]`` (all of the batch axis for None)."""
+        raise NotImplementedError
+
+    def phi_t(self, u: Tensor, idx: Tensor | None = None) -> Tensor:  # pragma: no cover
+        """``Φ_Sᵀ u``: ``[k, |S|, …]`` → ``[k, d_θ]``."""
+        raise NotImplementedError
+
+    def _diag_normal_exact(self) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------
+    @property
+    def num_params(self) -> int:
+        return self.lin.num_params
+
+    @property
+    def device(self):
+        return self.lin.device
+
+    @property
+    def d_obs(self) -> int:
+        """``d_y``: entries of one observation-space vector."""
+        return math.prod(self.obs_shape)
+
+    @property
+    def batch_size_max(self) -> int:
+        """Length of the mini-batch axis."""
+        return int(self.obs_shape[0])
+
+    @property
+    def mode(self) -> Tensor:
+        return self.lin.theta_hat
+
+    def normal(self, v: Tensor, idx: Tensor | None = None,
+               target: Tensor | None = None) -> Tensor:
+        """``Φ_Sᵀ (Φ_S v − t_S)`` for ``v`` ``[k, d_θ]`` (``ΦᵀΦ v`` without a target).
+
+        ``target`` has one row per vector, over the whole batch axis; it is
+        restricted to ``idx`` here.
+        """
+        r = self.phi(v, idx)
+        if target is not None:
+            r = r - (target if idx is None else target.index_select(1, idx))
+        return self.phi_t(r, idx)
+
+    def diag_normal(self, *, n_probes: int = 256, generator: torch.Generator | None = None,
+                    exact: bool = False, batch_size: int = 64) -> Tensor:
+        """``diag(ΦᵀΦ)``, ``[d_θ]`` float64.
+
+        By Rademacher probes, ``E[(Φᵀ ε)²] = diag(ΦᵀΦ)`` for ``ε_r = ±1``
+        (relative error of each entry ≈ ``sqrt(2/n_probes)`` at most), or
+        exactly from dense Jacobians (small problems).
+
+        Parameters
+        ----------
+        n_probes : int, optional
+            Default 256.
+        generator : torch.Generator, optional
+            CPU generator of the probes. Default: seeded with 0.
+        exact : bool, optional
+            Default False.
+        batch_size : int, optional
+            Probes per batched product. Default 64.
+        """
+        if exact:
+            return self._diag_normal_exact()
+        gen = generator if generator is not None else torch.Generator().manual_seed(0)
+        acc = torch.zeros(self.num_params, dtype=torch.float64, device=self.device)
+        done = 0
+        while done < n_probes:
+            m = min(batch_size, n_probes - done)
+            eps = torch.randint(0, 2, (m, *self.obs_shape), generator=gen).float() * 2 - 1
+            g = self.phi_t(eps.to(self.device))
+            acc += g.double().square().sum(0)
+            done += m
+        return acc / n_probes
+
+    def draw_batch(self, generator: torch.Generator, size: int) -> Tensor:
+        """One random mini-batch of ``size`` indices of the batch axis."""
+        return torch.randperm(self.batch_size_max, generator=generator)[:size].to(self.device)
+
+    def batches(self, generator: torch.Generator, size: int) -> Iterator[Tensor]:
+        """The mini-batches of a sampler run: epochs of a random permutation.
+
+        Each epoch visits every index once; a remainder smaller than ``size``
+        is skipped (a new permutation starts).
+        """
+        n = self.batch_size_max
+        perm, pos = None, n
+        while True:
+            if pos + size > n:
+                perm, pos = torch.randperm(n, generator=generator).to(self.device), 0
+            yield perm[pos:pos + size]
+            pos += size
+
+
+class LinearGaussianLikelihood(Likelihood):
+    """``y = A f(θ) + η``, ``η ~ N(0, σ² I)``, linearised: ``Φ = A J`` and ``ỹ = y − A f(θ̃) + Φ θ̃``.
+
+    Parameters
+    ----------
+    lin : Linearization
+        The Jacobian operator of the fitted network (output ``[H, W]``).
+    operator
+        Any linear map of the network output with ``A(x)`` (``[..., *domain]`` →
+        ``[..., *range]``), its adjoint ``A_adjoint(s)`` and ``range_shape``
+        (CT: :class:`ctuq.data.operators.RayTransform`). The mini-batch axis
+        is the first axis of its range (the projection angles).
+    y : Tensor, shape ``range_shape``, optional
+        The measured data; without it there is no target (``θ*`` cannot be
+        solved for, samples can).
+    batch_axis : str, optional
+        What the first range axis counts (messages; CT: ``"projection angles"``).
+        Default ``"rows of the operator's range"``.
+
+    Notes
+    -----
+    A mini-batch applies the full operator and selects the rows ``idx`` of
+    its range (the matrix backend's cost is dominated by the network
+    products); its adjoint back-projects the zero-filled rows. A step draws
+    an independent random subset of rows (sorted), not epochs.
+    """
+
+    def __init__(self, lin: Linearization, operator, y: Tensor | None = None, *,
+                 batch_axis: str = "rows of the operator's range"):
+        self.lin = lin
+        self.batch_axis = batch_axis
+        self.operator = operator
+        self.obs_shape = tuple(int(s) for s in operator.range_shape)
+        self.num_observations = math.prod(self.obs_shape)
+        self.y = None if y is None else self._as_data(y)
+        self.target = None if self.y is None else self._linear_target(self.y)
+
+    def _as_data(self, y) -> Tensor:
+        y = torch.as_tensor(y, dtype=torch.float32)
+        shape = self.obs_shape
+        if y.numel() != math.prod(shape):
+            raise InputError(f"sinogram shape {tuple(y.shape)} does not match the geometry's "
+                             f"{shape}", field="sinogram")
+        return y.reshape(shape).to(self.lin.device)
+
+    def _linear_target(self, y: Tensor) -> Tensor:
+        """``ỹ = y − A f(θ̃) + Φ θ̃``, the target of the linear model (``obs_shape``)."""
+        lin, op = self.lin, self.operator
+        with torch.no_grad():
+            return y - op.A(lin.x_hat) + op.A(lin.jvp(lin.theta_hat))
+
+    def A_subset(self, x: Tensor, idx: Tensor | None) -> Tensor:
+        """``A`` restricted to the rows ``idx`` of the batch axis: ``[..., *domain]`` → ``[..., |idx|, …]``."""
+        s = self.operator.A(x)
+        return s if idx is None else s.index_select(-2, idx)
+
+    def A_adjoint_subset(self, s: Tensor, idx: Tensor | None) -> Tensor:
+        """Adjoint of :meth:`A_subset`: ``Aᵀ`` of the zero-filled data."""
+        if idx is None:
+            return self.operator.A_adjoint(s)
+        full = s.new_zeros(*s.shape[:-2], self.obs_shape[0], s.shape[-1])
+        full.index_copy_(-2, idx, s)
+        return self.operator.A_adjoint(full)
+
+    def phi(self, v: Tensor, idx: Tensor | None = None) -> Tensor:
+        return self.A_subset(self.lin.jvp(v), idx)
+
+    def phi_t(self, u: Tensor, idx: Tensor | None = None) -> Tensor:
+        return self.lin.vjp(self.A_adjoint_subset(u, idx))
+
+    def normal(self, v: Tensor, idx: Tensor | None = None,
+               target: Tensor | None = None) -> Tensor:
+        r = self.A_subset(self.lin.jvp(v), idx)
+        if target is not None:
+            r = r - (target if idx is None else target.index_select(-2, idx))
+        return self.lin.vjp(self.A_adjoint_subset(r, idx))
+
+    def _diag_normal_exact(self) -> Tensor:
+        J = self.lin.dense(torch.float64)
+        A = dense_matrix(self.operator, torch.float64)
+        return (A @ J).square().sum(0)
+
+    def draw_batch(self, generator: torch.Generator, size: int) -> Tensor:
+        return torch.randperm(self.batch_size_max, generator=generator)[:size].sort().values.to(
+            self.device)
+
+    def batches(self, generator: torch.Generator, size: int) -> Iterator[Tensor]:
+        """Independent random subsets of ``size`` rows, one per step (sorted)."""
+        while True:
+            yield self.draw_batch(generator, size)
+
+
+def dense_matrix(operator, dtype: torch.dtype = torch.float64) -> Tensor:
+    """The dense matrix of a linear operator, ``[d_y, d_x]``, from ``operator.A`` of the basis.
+
+    Rows in range C order (for a ray transform: angle-major), columns in
+    domain C order; small problems only (28²: 800 × 784).
+    """
+    n0, n1 = operator.domain_shape
+    eye = torch.eye(n0 * n1, device=operator.device).reshape(-1, n0, n1)
+    with torch.no_grad():
+        cols = operator.A(eye).reshape(n0 * n1, -1)
+    return cols.t().contiguous().to(dtype)
