@@ -489,3 +489,29 @@ def test_the_m_step_is_replaceable_and_gets_the_e_step_statistics(problem):
     assert calls[1][3] == post.trace[1]["sigma2"]
     assert post.hyperparameters()["a_b"] == ref.hyperparameters()["a_b"]
     assert torch.equal(post.samples, ref.samples)
+
+
+@pytest.mark.slow
+def test_learned_noise_on_the_default_path_matches_the_exact_optimum():
+    """Unknown σ² on the pipeline's path: CG sampler, g-prior, the 76,608-parameter
+    reference U-net (a 28² digit, 20 angles), against the dense oracle (≈ 1 min)."""
+    from toy_problem import toy_problem
+
+    from ctuq.recon.config import UncertaintyConfig
+    from ctuq.recon.evidence import uncertainty_options
+
+    prob = toy_problem(channels=None, fit_steps=300)
+    lin = prob.linearization()
+    assert lin.num_params == 76_608
+    lik = ct_likelihood(lin, prob.op, prob.y)
+    opts = uncertainty_options(UncertaintyConfig(predcp=False, n_samples=16, em_steps=30,
+                                                 em_tol=0.005), learn_noise=True, seed=0)
+    s2_start = 4 * prob.noise_std**2  # start far from the truth: σ² must be learned
+    post = fit_posterior(lin, prob.op, prob.y, s2_start, **opts)
+    hp = post.hyperparameters()
+    prior = initial_prior(lik, "gprior", generator=torch.Generator().manual_seed(0))
+    opt = EvidenceOracle(lik, prior).optimize(s2_start, learn_noise=True)
+    assert post.info["converged"]
+    assert hp["sigma2"] == pytest.approx(opt["sigma2"], rel=0.10)
+    assert hp["a_b"][0] == pytest.approx(opt["a_b"][0], rel=0.10)
+    assert hp["sigma2"] < 2 * prob.noise_std**2  # it moved from the start

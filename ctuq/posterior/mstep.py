@@ -34,11 +34,12 @@ Closed-form updates
     :func:`noise_update`, MacKay ``σ² ← ‖ỹ − Φθ*‖² / (d_y − γ)`` or EM
     ``σ² ← (‖ỹ − Φθ*‖² + mean_k ‖Φ z_k‖²) / d_y``.
 M-step (:func:`closed_form_mstep`, the loop's default)
-    the closed-form update of ``a_b``; then, with a :class:`Hyperprior` or
-    learned Matérn lengthscales, a few Adam steps on ``Q(ψ) + log p(ψ)``
-    over the log-hyperparameters (:func:`adam_mstep`), started at the
-    closed-form values, with ``Q(ψ) = −½ log|Σ| − ½ (‖θ*‖²_{Σ⁻¹} + mean_k
-    ‖z_k‖²_{Σ⁻¹})`` (:func:`expected_log_prior`); then the noise update.
+    the update of ``a_b``: closed form, or with a :class:`Hyperprior` the
+    MAP-II fixed point ``a_b = ‖θ*_b‖² / (γ̂_b − 2 ∂log p/∂log a_b)``
+    (:func:`mackay_map2_update`); then, for learned Matérn lengthscales, a
+    few Adam steps on ``Q(ψ) + log p(ψ)`` over ``log ℓ`` (:func:`adam_mstep`),
+    with ``Q(ψ) = −½ log|Σ| − ½ (‖θ*‖²_{Σ⁻¹} + mean_k ‖z_k‖²_{Σ⁻¹})``
+    (:func:`expected_log_prior`); then the noise update.
 
 An M-step is any callable with the signature of :func:`closed_form_mstep`:
 it receives the E-step's statistics (``θ*``, ``γ̂``, the samples) held fixed
@@ -61,8 +62,8 @@ from ctuq.posterior.priors import GaussianPrior
 from ctuq.progress import check_cancel
 
 __all__ = ["EStepStats", "estep_statistics", "mackay_update", "em_update", "noise_update",
-           "expected_log_prior", "Hyperprior", "adam_mstep", "closed_form_mstep",
-           "VAR_MIN", "VAR_MAX"]
+           "expected_log_prior", "Hyperprior", "adam_mstep", "mackay_map2_update",
+           "closed_form_mstep", "VARIANCE_NAMES", "VAR_MIN", "VAR_MAX"]
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,8 @@ def adam_mstep(prior: GaussianPrior, theta_star: Tensor, z: Tensor, params: list
     state = hyperprior.prepare() if hyperprior is not None else None
     check_cancel(cancel, "hyperparameter fit")
     for p in prior.parameters():
-        p.requires_grad_(any(p is q for q in params))
+        # a hyperprior's log-Jacobian differentiates κ in every ψ, also those held fixed
+        p.requires_grad_(hyperprior is not None or any(p is q for q in params))
     opt = torch.optim.Adam(params, lr=lr)
     log_hp = None
     try:
@@ -300,11 +302,92 @@ def adam_mstep(prior: GaussianPrior, theta_star: Tensor, z: Tensor, params: list
     return {**hyperprior.report(state), "log_hyperprior": float(log_hp.detach())}
 
 
+#: Names of the hyperprior's variance tensors (``log a_b`` of the block priors,
+#: ``log g`` of the g-prior); everything else (``log ℓ_b``) is a lengthscale.
+VARIANCE_NAMES = ("log_a", "log_g")
+
+
+def mackay_map2_update(prior: GaussianPrior, stats: EStepStats, hyperprior: Hyperprior, *,
+                       iterations: int = 50, tol: float = 1e-4, max_step: float = 1.0,
+                       gamma_floor: float = 1e-3, cancel=None) -> dict:
+    """MacKay's update with a hyperprior: the MAP-II fixed point of the variances (in place).
+
+    The evidence's gradient in ``log a_b`` is ``½ (‖θ*_b‖²_{C_b⁻¹} / a_b −
+    γ_b)`` (zero at MacKay's fixed point ``a_b = ‖θ*_b‖² / γ_b``). With the
+    hyperprior's gradient ``h_b = ∂ log p(ψ) / ∂ log a_b`` the stationarity
+    condition of evidence + ``log p(ψ)`` becomes
+
+        a_b = ‖θ*_b‖²_{C_b⁻¹} / (γ_b − 2 h_b(a)),
+
+    which is iterated with ``‖θ*_b‖²`` and ``γ̂_b`` held from the E-step and
+    ``h_b`` re-evaluated at every iterate (cheaply: the hyperprior's
+    expensive part is prepared once, at the E-step's ``ψ``). Each iterate
+    moves ``log a_b`` by at most ``max_step``; a denominator at or below
+    ``gamma_floor`` (the hyperprior pushes ``a_b`` up faster than the
+    evidence pulls it back) takes the full ``max_step`` up. Alternated with
+    E-steps, the fixed point is a stationary point of ``log p(y | ψ) + log
+    p(ψ)`` (docs/method.md §6): a true MAP-II, unlike Adam steps on EM's
+    auxiliary objective, which pull ``a`` back towards the previous E-step.
+
+    Parameters
+    ----------
+    prior : GaussianPrior
+        Its variances are updated in place.
+    stats : EStepStats
+    hyperprior : Hyperprior
+        Must name a variance tensor (:data:`VARIANCE_NAMES`) among its parameters.
+    iterations, tol, max_step, gamma_floor : optional
+        Inner iterations (default 50), stop when no ``log a_b`` moves more
+        than ``tol`` (1e-4), the largest move per iterate (1 in log space),
+        the smallest denominator (1e-3).
+    cancel : callable, optional
+
+    Returns
+    -------
+    dict
+        ``mstep_iterations`` and the hyperprior's report at the E-step's ``ψ``.
+    """
+    names = [n for n, _ in hyperprior.named_parameters() if n in VARIANCE_NAMES]
+    if len(names) != 1:
+        raise InputError("the hyperprior names no variance parameter "
+                         f"({', '.join(VARIANCE_NAMES)})", field="hyperprior")
+    state = hyperprior.prepare()
+    q = stats.theta_quad.double().cpu()
+    gam = torch.minimum(stats.gamma_hat.double().cpu().clamp_min(gamma_floor),
+                        prior.block_dims.double().cpu())
+    lo, hi = math.log(VAR_MIN), math.log(VAR_MAX)
+    it = 0
+    for it in range(1, iterations + 1):
+        check_cancel(cancel, "hyperparameter fit")
+        h = hyperprior.gradient(state)[names[0]].double()
+        log_a = prior.variances.detach().double().cpu().log()
+        denom = gam - 2 * h
+        target = torch.where(denom > gamma_floor, q.clamp_min(VAR_MIN).log()
+                             - denom.clamp_min(gamma_floor).log(), log_a + max_step)
+        step = (target - log_a).clamp(-max_step, max_step)
+        prior.set_hyperparameters(variances=(log_a + step).clamp(lo, hi).exp())
+        prior.clear_cache()
+        if float(step.abs().max()) < tol:
+            break
+    return {**hyperprior.report(state), "mstep_iterations": it,
+            "log_hyperprior": float(hyperprior.log_prob(state).detach())}
+
+
 def closed_form_mstep(prior: GaussianPrior, stats: EStepStats, theta_star: Tensor, z: Tensor,
                       noise_var: float, *, update: str, learn_noise: bool, d_y: int,
                       params: list[Tensor], hyperprior: Hyperprior | None, steps: int,
                       lr: float, cancel=None) -> tuple[float, dict]:
-    """The M-step: closed-form ``a_b``, Adam on ``Q + log p(ψ)``, then ``σ²``.
+    """The M-step: the variances, then lengthscales by Adam, then ``σ²``.
+
+    Variances: with ``update='mackay'``, MacKay's update, or with a
+    hyperprior its MAP-II fixed point (:func:`mackay_map2_update`); with
+    ``update='em'`` EM's closed form, followed with a hyperprior by Adam
+    steps on ``Q + log p(ψ)`` over every log-hyperparameter (EM with a
+    prior: its fixed points are MAP-II too, reached slowly when ``γ_b ≪
+    d_b``). Lengthscales (``log_l`` in ``params``): Adam steps on ``Q`` (+
+    ``log p(ψ)``) over them alone, started at the current values; at a
+    joint fixed point ``∂Q/∂ log ℓ`` is the evidence's gradient, so the
+    lengthscales are stationary for evidence + hyperprior as well.
 
     Parameters
     ----------
@@ -333,16 +416,21 @@ def closed_form_mstep(prior: GaussianPrior, stats: EStepStats, theta_star: Tenso
         The new ``σ²`` and the Adam step's report (trace entries).
     """
     dims = prior.block_dims
-    if update == "mackay":
-        a_new = mackay_update(stats.theta_quad, stats.gamma_hat, dims)
-    else:
-        a_new = em_update(stats.theta_quad, stats.z_quad.mean(0), dims)
-    prior.set_hyperparameters(variances=a_new)
-    prior.clear_cache()
     extra = {}
+    if update == "mackay" and hyperprior is not None:
+        extra = mackay_map2_update(prior, stats, hyperprior, cancel=cancel)
+        variances = {id(p) for n, p in hyperprior.named_parameters() if n in VARIANCE_NAMES}
+        params = [p for p in params if id(p) not in variances]
+    else:
+        if update == "mackay":
+            a_new = mackay_update(stats.theta_quad, stats.gamma_hat, dims)
+        else:
+            a_new = em_update(stats.theta_quad, stats.z_quad.mean(0), dims)
+        prior.set_hyperparameters(variances=a_new)
+        prior.clear_cache()
     if params and steps > 0:
-        extra = adam_mstep(prior, theta_star.detach(), z.detach(), params, hyperprior, steps,
-                           lr, cancel)
+        extra.update(adam_mstep(prior, theta_star.detach(), z.detach(), params, hyperprior,
+                                steps, lr, cancel))
     if learn_noise:
         noise_var = noise_update(stats, d_y, update)
     return noise_var, extra

@@ -9,7 +9,13 @@ block ``b`` (``log a_b`` and, for blocks with a Matérn filter covariance,
     log p(ψ) = Σ_b [ −λ κ_b(ψ_b) + Σ_{i ∈ ψ_b} log |∂κ_b / ∂ψ_{b,i}| ] + const
 
 with ``x̂`` the DIP reconstruction, ``J_b`` the Jacobian columns of block
-``b`` and ``λ`` the scale (below).
+``b`` and ``λ`` the scale (below): each ``κ_b`` is exponentially distributed
+with rate ``λ``, and the Jacobian turns that into a density of ``ψ_b``. (The
+reference code multiplies the Jacobian term by ``λ`` too; with ``λ ≠ 1`` that
+is not the density of any prior on ``κ``, so ctuq does not.) The EM uses the
+hyperprior as a true MAP-II (:func:`ctuq.posterior.mstep.mackay_map2_update`):
+the hyperparameters maximise evidence + ``log p(ψ)``, not the EM's auxiliary
+objective.
 
 The estimator (reference choice)
 --------------------------------
@@ -142,9 +148,10 @@ class PredCPTerms:
     Attributes
     ----------
     log_prior : Tensor
-        ``λ Σ_b (−κ̃_b + log|∂κ̃_b/∂ψ_b|)``, 0-d, differentiable in the prior's
+        ``Σ_b (−λ κ̃_b + log|∂κ̃_b/∂ψ_b|)``, 0-d, differentiable in the prior's
         log-hyperparameters with the correct (reparameterised) gradient; its
-        value is offset from ``log p(ψ)`` (see the module notes).
+        value is offset from ``log p(ψ)`` (see the module notes and
+        :meth:`TVPredCP.log_density`).
     kappa : Tensor
         ``κ_b = mean_n TV(x̂ + J_b w_n)`` per block, ``[B]`` (detached).
     kappa_se : Tensor
@@ -302,8 +309,18 @@ class TVPredCP(Hyperprior):
                 m = torch.tensor(mask) & active[: g.numel()]
                 if bool(m.any()):
                     logjac = logjac + torch.log(g[m.to(g.device)].abs().clamp_min(1e-300)).sum()
-            log_prior = self.weight * (logjac - kt.sum())
+            # κ_b ~ Exp(λ) per block, changed to the variables ψ: the Jacobian is not
+            # scaled by λ (the reference code scales both terms by λ, i.e. uses p(ψ)^λ
+            # with an unnormalised Jacobian; docs/method.md §7)
+            log_prior = logjac - self.weight * kt.sum()
         return PredCPTerms(log_prior, state.kappa, state.kappa_se, dk, logjac.detach())
+
+    def log_density(self, state: "PredCPState") -> float:
+        """``log p(ψ)`` up to ``B log λ``: ``Σ_b (−λ κ_b + log|∂κ_b/∂ψ_b|)`` with the
+        plain Monte-Carlo ``κ_b`` (the value :meth:`log_prob` is offset from)."""
+        terms = self.terms(state)
+        kappa = state.kappa[torch.isfinite(state.kappa)]
+        return float(terms.log_jacobian) - self.weight * float(kappa.sum())
 
     def evaluate(self) -> PredCPTerms:
         """:meth:`prepare` and :meth:`terms` at the current hyperparameters."""
