@@ -116,3 +116,19 @@ def test_heldout_split_refuses_too_few_angles(n, every):
 def test_heldout_split_leaves_out_every_kth_angle():
     m = me.heldout_split(60, 6)
     assert m.sum() == 10 and np.all(np.flatnonzero(m) % 6 == 3)
+
+
+def test_heldout_fit_never_sees_the_left_out_projections():
+    from ctuq.recon.dip import DIPConfig
+
+    op = RayTransform(Geometry.parallel(16, n_angles=12), backend="matrix")
+    x = ellipses(16, seed=3)
+    y = op(torch.as_tensor(x)).detach()
+    cfg = DIPConfig.for_image_size(16, iterations=20, progress_every=10**9, device="cpu")
+    mask, dip = me.heldout_fit(y, op, cfg, every=4, noise_std=0.05)
+    assert mask.sum() == 3 and dip.reconstruction.shape == (16, 16)
+    assert dip.net_input.shape == (1, 1, 16, 16) and torch.isfinite(dip.net_input).all()
+    y2 = y.clone()
+    y2[torch.as_tensor(mask)] += 10.0  # change only what is left out
+    _, dip2 = me.heldout_fit(y2, op, cfg, every=4, noise_std=0.05)
+    assert torch.equal(dip.reconstruction, dip2.reconstruction)

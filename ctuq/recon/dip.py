@@ -422,7 +422,7 @@ def dip_tv_loss(image: Tensor, y: Tensor, op, tv_weight: float) -> tuple[Tensor,
 def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None = None,
             progress: Callable | None = None,
             cancel: Callable[[], bool] | None = None,
-            stage: str = "dip") -> DIPResult:
+            stage: str = "dip", net_input: Tensor | None = None) -> DIPResult:
     """Fit the DIP+TV U-net to a sinogram.
 
     Parameters
@@ -445,6 +445,9 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
         :class:`~ctuq.errors.Cancelled`.
     stage : str
         Stage name used in progress events. Default ``"dip"``.
+    net_input : Tensor, shape (1, 1, H, W) or (H, W), optional
+        The fixed network input instead of ``config.net_input``'s (e.g. an FBP
+        computed differently). Default None.
 
     Returns
     -------
@@ -471,7 +474,11 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
         load_weights(model, config.init_weights)
         log.info("DIP warm start from %s", config.init_weights)
     model = model.to(device)
-    net_input = make_net_input(y_t, op, config, device)
+    if net_input is None:
+        net_input = make_net_input(y_t, op, config, device)
+    else:
+        net_input = torch.as_tensor(net_input, dtype=torch.float32).reshape(
+            1, 1, *op.geometry.image_shape).to(device)
 
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config))

@@ -51,7 +51,7 @@ from torch import Tensor
 from ctuq.errors import InputError
 
 __all__ = ["METHODS", "ModelErrorCoefficients", "edge_strength", "model_error_variance",
-           "fit_to_truth", "fit_heldout", "heldout_split", "conformal_scale",
+           "fit_to_truth", "fit_heldout", "heldout_fit", "heldout_split", "conformal_scale",
            "edge_mask"]
 
 METHODS = ("none", "heldout", "calibrated", "conformal")
@@ -296,6 +296,57 @@ def heldout_split(n_angles: int, every: int) -> np.ndarray:
         raise InputError(f"{n_angles} angles are too few to leave every {every}-th out "
                          f"(need >= 2 left out and >= 4 kept)", field="heldout_every")
     return out
+
+
+def heldout_fit(y, op, dip_config, *, every: int = 6, noise_std: float | None = None,
+                progress=None, cancel=None):
+    """The DIP fit without every ``every``-th angle, for :func:`fit_heldout`.
+
+    The network input is the FBP of the kept angles only, so nothing of the
+    left-out projections reaches the fit: the FBP of the whole angle grid
+    with the left-out rows set to zero, scaled by ``n_angles / n_kept``
+    (ODL's FBP needs equispaced angles; this is the FBP of the kept ones with
+    the missing ones' weight spread evenly).
+
+    Parameters
+    ----------
+    y : Tensor, shape (n_angles, n_detector)
+    op : RayTransform
+        The operator of all angles.
+    dip_config : DIPConfig
+        The same settings as the fit on all angles.
+    every : int, optional
+        Leave out every ``every``-th angle (:func:`heldout_split`). Default 6.
+    noise_std : float, optional
+        For the TV weight (as in :func:`ctuq.recon.dip.fit_dip`).
+    progress, cancel : callable, optional
+        Progress events carry the stage ``'model error'``.
+
+    Returns
+    -------
+    out_mask : ndarray of bool, shape (n_angles,)
+    dip : DIPResult
+        The fit on the kept angles.
+    """
+    import dataclasses
+
+    from ctuq.data.operators import RayTransform
+    from ctuq.recon.dip import fit_dip
+
+    geometry = op.geometry
+    out_mask = heldout_split(geometry.n_angles, every)
+    keep = torch.as_tensor(~out_mask)
+    y = torch.as_tensor(y, dtype=torch.float32).reshape(geometry.range_shape).to(op.device)
+    zero_filled = y.clone()
+    zero_filled[~keep.to(y.device)] = 0
+    with torch.no_grad():
+        net_input = op.fbp(zero_filled) * (geometry.n_angles / int(keep.sum()))
+    op_in = RayTransform(dataclasses.replace(geometry, angles=geometry.angles[~out_mask]),
+                         backend=op.backend, device=op.device)
+    dip = fit_dip(y[keep.to(y.device)], op_in, dip_config, noise_std=noise_std,
+                  progress=progress, cancel=cancel, stage="model error",
+                  net_input=net_input)
+    return out_mask, dip
 
 
 def _projection_rows(op, rows: np.ndarray, batch: int = 256):
