@@ -80,6 +80,11 @@ def _record(category: str, outcome: str, detail: str = "") -> None:
     assert outcome in ("ok", "clear_error"), f"{category}: {outcome}: {detail}"
 
 
+def _names(text: str, path: Path) -> bool:
+    """The message names the file (the console may have wrapped it)."""
+    return "".join(path.name.split()) in "".join(text.split())
+
+
 # -- entry points ------------------------------------------------------------------------
 def run_info(path: Path, category: str) -> str:
     """``ctuq info`` in this process (the file itself is read in a child)."""
@@ -99,7 +104,7 @@ def run_info(path: Path, category: str) -> str:
     elif rc == 0:
         outcome = "ok"
     elif rc == 2 and text.startswith("error:") and "internal error" not in text \
-            and "Traceback" not in text and (path.name in text or str(path) in text):
+            and "Traceback" not in text and _names(text, path):
         outcome = "clear_error"
     else:
         outcome = "traceback"
@@ -129,10 +134,10 @@ def run_napari_reader(path: Path, category: str) -> str:
         outcome = "hang"
     elif _sha(path) != before:
         outcome = "input_modified"
-    elif layers and layers != [(None,)]:
+    elif layers and layers[0][0] is not None:
         outcome = "ok"
     elif len(errors) == 1 and errors[0].startswith("ctuq cannot open this file:") \
-            and path.name in errors[0]:
+            and _names(errors[0], path):
         outcome = "clear_error"
     else:
         outcome = "traceback"

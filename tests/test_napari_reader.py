@@ -54,7 +54,8 @@ def _result(sino, fbp=True):
                   hyperparameters={"sigma2": 0.01, "a": [1.0, 2.0]},
                   em_trace=[{"step": 0, "sigma2": 0.02, "a": [1.0, 1.5]},
                             {"step": 1, "sigma2": 0.01, "a": [1.0, 2.0]}],
-                  metrics={"psnr": 21.5}, seed=3, device="cpu", input_path="/data/scan.nxs")
+                  metrics={"psnr": 21.5}, seed=3, device="cpu", input_path="/data/scan.nxs",
+                  units="1/mm")
 
 
 def _write_formats(folder, s) -> dict:

@@ -406,7 +406,7 @@ def test_6_noise_std_metadata_is_checked(tmp_path, value):
 def test_8_preview_into_a_directory_does_not_abort_the_batch(tmp_path, capsys):
     a = _sino(tmp_path / "a.h5")
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "a.ctuq.png").mkdir()         # where the preview would go
+    (tmp_path / "out" / "a.png").mkdir()              # where the preview goes
     (tmp_path / "t.toml").write_text(
         "preset = 'reference-28'\nthreads = 1\n[dip]\niterations = 10\n[uncertainty]\n"
         "em_steps = 1\nn_samples = 2\npredictive_samples = 4\nstored_samples = 0\n"

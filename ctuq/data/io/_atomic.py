@@ -55,10 +55,10 @@ def _name_max(folder: Path) -> int:
 
 def _same_file(a: Path, b: Path) -> bool:
     try:
-        if a.exists() and b.exists():
+        if os.path.exists(a) and os.path.exists(b):
             return os.path.samefile(a, b)
-        return a.resolve() == b.resolve()
-    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+    except (OSError, RuntimeError, ValueError):  # loops, names too long: not the same
         return False
 
 
@@ -85,9 +85,13 @@ def check_output_path(target, *, overwrite: bool = False, protect: Iterable = ()
     except TypeError:
         raise InputError(f"not a file path: {target!r}", field="output") from None
     parent = target.parent
-    if not parent.is_dir():
+    limit = _name_max(parent) if os.path.isdir(parent) else 255
+    if len(os.fsencode(target.name)) > limit:
+        raise InputError(f"the output file name has {len(os.fsencode(target.name))} bytes; "
+                         f"this file system allows {limit}", file=target, field="output")
+    if not os.path.isdir(parent):
         raise InputError("the output folder does not exist", file=target, field="output")
-    if target.is_dir():
+    if os.path.isdir(target):
         raise InputError("is a directory; an output file name is needed", file=target,
                          field="output")
     for src in protect:
@@ -99,10 +103,6 @@ def check_output_path(target, *, overwrite: bool = False, protect: Iterable = ()
     if os.path.lexists(target) and not overwrite:
         raise InputError("already exists; set overwrite (--overwrite) to replace it",
                          file=target, field="output")
-    limit = _name_max(parent)
-    if len(os.fsencode(target.name)) > limit:
-        raise InputError(f"the output file name has {len(os.fsencode(target.name))} bytes; "
-                         f"this file system allows {limit}", file=target, field="output")
     return target
 
 
