@@ -9,6 +9,7 @@ an internal error (a traceback), a crash, a hang, a modified input or a lost
 output. The default suite runs a bounded sample (about a minute); the
 ``slow`` tests run every 16-byte offset and hundreds of generated files.
 
+``CTUQ_FUZZ_SLOW=1 pytest -m slow tests/test_fuzz.py`` runs the long version;
 ``CTUQ_FUZZ_REPORT=path.json`` writes the counts per category
 (``docs/robustness.md`` quotes a slow run).
 """
@@ -48,6 +49,9 @@ TINY = {"preset": "reference-28", "threads": 1, "dip": {"iterations": 5},
         "uncertainty": {"em_steps": 1, "n_samples": 2, "predictive_samples": 2,
                         "stored_samples": 0, "predcp": False, "preconditioner_rank": 4,
                         "cg_max_iter": 10}}
+#: The long runs (an hour on a 2-core machine) only on request.
+LONG = pytest.mark.skipif(not os.environ.get("CTUQ_FUZZ_SLOW"),
+                          reason="long fuzz run: CTUQ_FUZZ_SLOW=1 pytest -m slow tests/test_fuzz.py")
 HYP = dict(deadline=None, derandomize=True, database=None,
            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                   HealthCheck.function_scoped_fixture])
@@ -310,6 +314,7 @@ def test_malformed_files(tmp_path_factory, out_dir, spec):
 
 
 @pytest.mark.slow
+@LONG
 @settings(max_examples=300, **HYP)
 @given(spec=FILE_SPECS)
 def test_malformed_files_slow(tmp_path_factory, out_dir, spec):
@@ -373,6 +378,7 @@ def test_byte_corruption_sample(tmp_path_factory, out_dir, simulated, result_byt
 
 
 @pytest.mark.slow
+@LONG
 def test_byte_corruption_every_offset(tmp_path_factory, out_dir, simulated, result_bytes):
     _byte_cases(tmp_path_factory, out_dir, simulated, range(0, len(simulated), 16),
                 "simulated sinogram", 4, 40, 50)
@@ -439,6 +445,7 @@ def test_bad_settings(tmp_path_factory, doc):
 
 
 @pytest.mark.slow
+@LONG
 @settings(max_examples=300, **HYP)
 @given(doc=TOML_DOCS)
 def test_bad_settings_slow(tmp_path_factory, doc):
