@@ -3,12 +3,18 @@
 A deep-image-prior U-net fitted with TV regularisation, linearised around its
 weights; the linear model's prior is tuned by sample-based evidence and its
 posterior gives a per-pixel uncertainty map.
+
+    >>> result = ctuq.reconstruct(sinogram_array, angles=angles_deg, image_size=128)
+    >>> result.save("scan.ctuq.h5"); result.posterior.sample(16)     # doctest: +SKIP
+
+Images and sinograms follow ASTRA's axis and angle convention
+(``docs/conventions.md``).
 """
 
 __version__ = "0.1.0"
 
 __all__ = ["reconstruct", "reconstruct_file", "ReconstructionConfig", "Result", "Sinogram",
-           "__version__"]
+           "Geometry", "read_sinogram", "read_result", "__version__"]
 
 _LAZY = {
     "reconstruct": "ctuq.recon.pipeline",
@@ -16,6 +22,9 @@ _LAZY = {
     "ReconstructionConfig": "ctuq.recon.config",
     "Result": "ctuq.data.io",
     "Sinogram": "ctuq.data.io",
+    "Geometry": "ctuq.data.geometry",
+    "read_sinogram": "ctuq.data.io",
+    "read_result": "ctuq.data.io",
 }
 
 

@@ -77,7 +77,7 @@ def run_case(name, gt, op, seed, args, dip_overrides):
         case["tv_best"] = best
     size = op.geometry.image_shape
     cfg = DIPConfig.for_image_size(size, device=args.device, seed=seed,
-                                   progress_every=10**9).with_(**dip_overrides)
+                                   progress_every=10**6).with_(**dip_overrides)
     res = fit_dip(y, op, cfg, noise_std=sigma)
     # The DIP+TV loss is a TV objective; its value at the TV reconstruction says how far
     # the fit is from that objective's minimiser (equal weights: the same problem).

@@ -76,7 +76,7 @@ def exact_variance(orc: EvidenceOracle, ex: ExactPosterior, prior, noise_var, le
 def run_case(i: int, gt: np.ndarray, op, args) -> dict:
     y, sigma = simulate_sinogram(gt, op, 0.05, seed=1000 + i)
     case = {"index": i, "noise_std": sigma}
-    dcfg = DIPConfig.for_image_size(28, seed=i, progress_every=10**9)
+    dcfg = DIPConfig.for_image_size(28, seed=i, progress_every=10**6)
     if args.quick:
         dcfg = dcfg.with_(iterations=300, unet=unet_preset("reference-28").with_(channels=(8,) * 3))
     dip = fit_dip(y, op, dcfg, noise_std=sigma)

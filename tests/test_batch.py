@@ -17,6 +17,7 @@ from ctuq.recon.config import ReconstructionConfig, tomllib
 
 TINY = """
 preset = "reference-28"
+threads = 1
 [dip]
 iterations = 40
 progress_every = 10
@@ -127,14 +128,7 @@ def test_resume_after_sigkill(inputs, tmp_path):
 @pytest.mark.slow
 def test_dask_local_cluster_matches_serial(inputs, tmp_path):
     root, paths = inputs
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in each single-threaded worker: same arithmetic
-    try:
-        serial = run_batch(paths[:2], tmp_path / "serial", TINY_DICT)
-    finally:
-        torch.set_num_threads(threads)
+    serial = run_batch(paths[:2], tmp_path / "serial", TINY_DICT)  # threads = 1, as workers
     events = []
     dask = run_batch(paths[:2], tmp_path / "dask", TINY_DICT, workers=2,
                      on_progress=lambda *e: events.append(e))
@@ -142,5 +136,7 @@ def test_dask_local_cluster_matches_serial(inputs, tmp_path):
     assert any(e[1] == "dip" for e in events)  # worker progress reached the client
     for s, d in zip(serial, dask):
         rs, rd = read_result(s.output), read_result(d.output)
-        np.testing.assert_allclose(rd.reconstruction, rs.reconstruction, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(rd.std, rs.std, rtol=1e-4, atol=1e-6)
+        # the same thread count: the same numbers, bit for bit
+        np.testing.assert_array_equal(rd.reconstruction, rs.reconstruction)
+        np.testing.assert_array_equal(rd.std, rs.std)
+        assert rs.provenance["threads"] == rd.provenance["threads"] == 1

@@ -47,7 +47,7 @@ def problem():
     op = RayTransform(Geometry.parallel(28, 20))
     x = digits(1, 28, seed=0)[0]
     y, sigma = simulate_sinogram(x, op, 0.05, seed=1)
-    cfg = DIPConfig.for_image_size(28, seed=0, progress_every=10**9).with_(
+    cfg = DIPConfig.for_image_size(28, seed=0, progress_every=10**6).with_(
         iterations=150, unet=unet_preset("reference-28").with_(channels=(8, 8, 8)))
     dip = fit_dip(y, op, cfg, noise_std=sigma)
     lin = Linearization(dip.model, dip.net_input)

@@ -136,8 +136,10 @@ def test_nxtomo_fan_beam_from_distances(tmp_path):
     # the default image is the largest square whose inscribed disc the detector sees
     side = g.image_shape[0]
     assert side >= 2 and g.image_shape == (side, side)
-    with pytest.raises(InputError):
-        Geometry.fan(side + 1, angles=g.angles, source_origin=200.0, origin_detector=100.0,
+    assert g._detector_width_for_radius(side * g.pixel_size / 2) <= g.detector_width + 1e-9
+    assert g._detector_width_for_radius((side + 1) * g.pixel_size / 2) > g.detector_width
+    with pytest.raises(InputError):  # far too large: refused
+        Geometry.fan(side + 8, angles=g.angles, source_origin=200.0, origin_detector=100.0,
                      n_detector=40, pixel_size=g.pixel_size, detector_spacing=0.5)
 
 
@@ -178,7 +180,7 @@ def test_plain_hdf5_geometry_from_attributes(tmp_path):
         ds.attrs["detector_spacing"] = 0.5
         ds.attrs["image_shape"] = [8, 8]
         h["other"] = np.zeros(3)
-    with pytest.raises(InputError, match="dataset=") as ei:
+    with pytest.raises(InputError, match="--dataset") as ei:
         read_sinogram(path)                        # two datasets: which one?
     assert ei.value.field == "dataset"
     s = read_sinogram(path, dataset="recon/sino")
@@ -401,7 +403,8 @@ EXPECTED_DATASETS = {
     "entry/instrument/source/type", "entry/instrument/source/name",
     "entry/instrument/source/probe", "entry/sample/name", "entry/sample/ground_truth",
     "entry/reconstruction/program", "entry/reconstruction/version",
-    "entry/reconstruction/date", "entry/reconstruction/parameters/config_json",
+    "entry/reconstruction/date", "entry/reconstruction/images",
+    "entry/reconstruction/parameters/config_json",
     "entry/reconstruction/parameters/raw_file",
     "entry/reconstruction/parameters/tv_weight", "entry/reconstruction/parameters/device",
     "entry/reconstruction/parameters/flag",
@@ -412,6 +415,10 @@ EXPECTED_DATASETS = {
     "entry/reconstruction/em_trace/step", "entry/reconstruction/em_trace/noise_variance",
     "entry/reconstruction/em_trace/ard", "entry/reconstruction/em_trace_json",
     "entry/reconstruction/geometry/json", "entry/reconstruction/geometry/angles_rad",
+    "entry/reconstruction/geometry/beam", "entry/reconstruction/geometry/image_shape",
+    "entry/reconstruction/geometry/n_detector", "entry/reconstruction/geometry/pixel_size",
+    "entry/reconstruction/geometry/detector_spacing",
+    "entry/reconstruction/geometry/center_offset",
     "entry/reconstruction/input_file", "entry/reconstruction/input_sha256",
     "entry/reconstruction/seed", "entry/reconstruction/device",
     "entry/data/data", "entry/data/data_errors", "entry/data/x", "entry/data/y",
@@ -488,7 +495,7 @@ def test_failed_write_leaves_nothing(tmp_path):
         write_result(tmp_path / "r.h5", r)
     assert ei.value.field == "config.bad"
     r.config = {}
-    r.reconstruction = None                         # breaks the writer half-way
+    r.samples = object()                            # breaks the writer half-way
     with pytest.raises(Exception):
         write_result(tmp_path / "r.h5", r)
     assert _listing(tmp_path) == []
@@ -531,3 +538,25 @@ def test_corrupted_result_data_is_detected(tmp_path):
     with pytest.raises(InputError, match="corrupt") as ei:
         read_result(tmp_path / "bad.h5")
     assert ei.value.field == "/entry/data/data"
+
+
+def test_sidecar_takes_the_option_names(tmp_path):
+    """The sidecar accepts n_angles, angle_first/last, angle_unit, image_size (issue 22:
+    it rejected the n_angles its own error message suggested)."""
+    np.save(tmp_path / "s.npy", _sino((9, 15)))
+    (tmp_path / "s.json").write_text(json.dumps({"n_angles": 9, "image_size": 12}))
+    s = read_sinogram(tmp_path / "s.npy")
+    assert s.geometry.image_shape == (12, 12)
+    np.testing.assert_allclose(s.geometry.angles_deg, (np.arange(9) + 0.5) * 20)
+    (tmp_path / "s.json").write_text(json.dumps(
+        {"angle_first": 0.0, "angle_last": 1.6, "n_angles": 9, "angle_unit": "rad",
+         "center_offset": 0.5}))
+    s = read_sinogram(tmp_path / "s.npy")
+    np.testing.assert_allclose(s.geometry.angles, np.linspace(0, 1.6, 9))
+    assert s.geometry.center_offset == 0.5
+    (tmp_path / "s.json").write_text(json.dumps({"n_angles": 8}))
+    with pytest.raises(InputError, match="n_angles"):
+        read_sinogram(tmp_path / "s.npy")
+    (tmp_path / "s.json").write_text(json.dumps({"colour": 8}))
+    with pytest.raises(InputError, match="colour"):
+        read_sinogram(tmp_path / "s.npy")

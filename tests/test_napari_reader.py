@@ -54,7 +54,8 @@ def _result(sino, fbp=True):
                   hyperparameters={"sigma2": 0.01, "a": [1.0, 2.0]},
                   em_trace=[{"step": 0, "sigma2": 0.02, "a": [1.0, 1.5]},
                             {"step": 1, "sigma2": 0.01, "a": [1.0, 2.0]}],
-                  metrics={"psnr": 21.5}, seed=3, device="cpu", input_path="/data/scan.nxs")
+                  metrics={"psnr": 21.5}, seed=3, device="cpu", input_path="/data/scan.nxs",
+                  units="1/mm")
 
 
 def _write_formats(folder, s) -> dict:
@@ -205,17 +206,67 @@ def test_writer_round_trip(make_napari_viewer, tmp_path, sino):
     np.testing.assert_array_equal(read_result(tmp_path / "edited.h5").std, 2 * result.std)
 
 
-def test_writer_without_std_layer_is_an_error(make_napari_viewer, tmp_path, sino):
+def test_writer_saves_a_single_layer(make_napari_viewer, tmp_path, sino):
+    """The std map alone (issue 22): a result file holding that one image, in mm."""
+    viewer = make_napari_viewer()
+    result = _result(sino)
+    write_result(tmp_path / "res.h5", result)
+    viewer.open(str(tmp_path / "res.h5"), plugin="ctuq")
+    viewer.layers.selection = {viewer.layers["res std"]}
+    written = viewer.layers.save(str(tmp_path / "std.h5"), selected=True, plugin="ctuq")
+    assert written == [str(tmp_path / "std.h5")]
+    back = read_result(tmp_path / "std.h5")
+    assert back.reconstruction is None and back.fbp is None
+    np.testing.assert_array_equal(back.std, result.std)
+    assert back.geometry == result.geometry and back.units == result.units
+    with h5py.File(tmp_path / "std.h5") as h:
+        assert h["entry/data"].attrs["signal"] == "std"
+        assert h["entry/data/std"].attrs["units"] == "1/mm"
+    viewer.layers.clear()
+    viewer.open(str(tmp_path / "std.h5"), plugin="ctuq")      # and it opens again
+    assert [lay.name for lay in viewer.layers] == ["std std"]
+    # the FBP alone, too
+    viewer.layers.clear()
+    viewer.open(str(tmp_path / "res.h5"), plugin="ctuq")
+    viewer.layers.selection = {viewer.layers["res FBP"]}
+    viewer.layers.save(str(tmp_path / "fbp.h5"), selected=True, plugin="ctuq")
+    np.testing.assert_array_equal(read_result(tmp_path / "fbp.h5").fbp, result.fbp)
+
+
+def test_writer_refuses_what_is_not_a_result(make_napari_viewer, tmp_path, sino):
     viewer = make_napari_viewer()
     write_result(tmp_path / "res.h5", _result(sino))
     viewer.open(str(tmp_path / "res.h5"), plugin="ctuq")
-    viewer.layers.selection = {viewer.layers["res reconstruction"], viewer.layers["res FBP"]}
+    viewer.layers.selection = {viewer.layers["res |error|"]}
     n_before = len(_notifications())
     with pytest.warns(UserWarning, match="did not return any written paths"):
         written = viewer.layers.save(str(tmp_path / "out.h5"), selected=True, plugin="ctuq")
     assert written == [] and not (tmp_path / "out.h5").exists()
     errors = [n for n in _notifications()[n_before:] if n.severity == "error"]
-    assert errors and "std" in errors[0].message
+    assert errors and "derived" in errors[0].message
+
+
+def test_layers_are_in_physical_units(make_napari_viewer, tmp_path, sino):
+    """Result layers in mm (scale = pixel size, rotation axis at 0), sinograms in deg x mm."""
+    from ctuq.data.geometry import Geometry as G
+
+    viewer = make_napari_viewer()
+    g = G.parallel(12, 10, pixel_size=0.25)
+    r = _result(sino)
+    r.geometry = g
+    write_result(tmp_path / "res.h5", r)
+    viewer.open(str(tmp_path / "res.h5"), plugin="ctuq")
+    lay = viewer.layers["res std"]
+    assert tuple(lay.scale) == (0.25, 0.25)
+    assert [str(u) for u in lay.units] == ["millimeter", "millimeter"]
+    np.testing.assert_allclose(lay.translate, [(0.5 - 6) * 0.25] * 2)
+    # the centre of the image is the rotation axis: world (0, 0) is between the middle pixels
+    np.testing.assert_allclose(lay.data_to_world((5.5, 5.5)), (0.0, 0.0), atol=1e-12)
+    write_sinogram(tmp_path / "s.nxs", sino)
+    viewer.open(str(tmp_path / "s.nxs"), plugin="ctuq")
+    s = viewer.layers["s"]
+    assert [str(u) for u in s.units] == ["degree", "millimeter"]
+    assert s.scale[0] == pytest.approx(18.0)
 
 
 def test_sample_data(make_napari_viewer):

@@ -184,6 +184,14 @@ def test_run_end_to_end(viewer_widget, qtbot, tmp_path):
     assert viewer.layers["digit |error|"].colormap.name == "magma"
     assert np.all(viewer.layers["digit std"].data >= 0)
     assert grid_of(viewer).enabled
+    # physical units, a colorbar per result image, names in the grid panels, a scale bar
+    for name in ("digit reconstruction", "digit std", "digit |error|"):
+        lay = viewer.layers[name]
+        assert [str(u) for u in lay.units] == ["millimeter", "millimeter"], name
+        assert tuple(lay.scale) == (1.0, 1.0)
+        assert lay.colorbar.visible and lay.name_overlay.visible, name
+    assert viewer.scale_bar.visible
+    assert w.last_result.posterior is not None          # the fitted posterior, in memory
     for stage in ("fbp", "dip", "em", "predictive"):
         bar = w.progress_bars[stage]
         assert bar.value() == bar.maximum() > 0, stage

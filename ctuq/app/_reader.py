@@ -12,6 +12,14 @@ only files that are clearly not ctuq's: a path that is not a file, or a file
 whose content is none of the supported formats although its extension is not
 one of ours. A file that looks like ours but cannot be read shows one error
 notification naming the file and the field, and opens no layer.
+
+Files are opened in a child process with a time limit
+(:mod:`ctuq.data.io.isolated`): a corrupt HDF5 file that crashes or hangs the
+HDF5 library is one error notification, never a dead or frozen viewer.
+
+Layers are in physical units: images in mm (``scale`` = pixel size,
+``translate`` putting the rotation axis at 0), sinograms in degrees × mm;
+``units`` are set, so napari's scale bar reads mm.
 """
 
 from __future__ import annotations
@@ -43,6 +51,32 @@ SUFFIX = {"fbp": "FBP", "ground_truth": "truth", "reconstruction": "reconstructi
           "std": "std", "error": "|error|"}
 
 LayerData = tuple[Any, dict, str]
+
+#: Time limit of reading one file for the viewer (seconds).
+READ_TIMEOUT = 120.0
+
+
+def image_placement(geometry) -> dict:
+    """``scale``, ``translate`` and ``units`` of an image layer (mm, axis at 0)."""
+    if geometry is None:
+        return {}
+    h, w = geometry.image_shape
+    p = geometry.pixel_size
+    drow, dcol = geometry.image_offset
+    return {"scale": (p, p), "translate": ((0.5 - h / 2 + drow) * p, (0.5 - w / 2 + dcol) * p),
+            "units": ("mm", "mm")}
+
+
+def sinogram_placement(geometry) -> dict:
+    """``scale``, ``translate`` and ``units`` of a sinogram layer (degrees x mm)."""
+    deg = geometry.angles_deg
+    step = float(np.mean(np.diff(deg))) if deg.size > 1 else 1.0
+    if step == 0:
+        step = 1.0
+    s = geometry.detector_spacing
+    first_u = (0.5 - geometry.n_detector / 2 - geometry.center_offset) * s
+    return {"scale": (step, s), "translate": (float(deg[0]), first_u),
+            "units": ("degree", "mm")}
 
 
 # -- display helpers ------------------------------------------------------------
@@ -101,15 +135,29 @@ def sinogram_layers(sinogram, name: str, *, assumed: bool = False) -> list[Layer
             SINOGRAM_META: dict(sinogram.meta), ASSUMED: bool(assumed)}
     if sinogram.ground_truth is not None:
         meta[GROUND_TRUTH] = sinogram.ground_truth
+    lead = data.ndim - 2  # a stack's slice axis keeps unit steps
+    place = _lead(sinogram_placement(sinogram.geometry), lead)
     layers = [(data, {"name": name, "colormap": "gray", "metadata": meta,
-                      "contrast_limits": _limits(*np.percentile(data, [0.5, 99.5]))}, "image")]
+                      "contrast_limits": _limits(*np.percentile(data, [0.5, 99.5])),
+                      **place}, "image")]
     if sinogram.ground_truth is not None:
         gt = sinogram.ground_truth
         layers.append((gt, {"name": f"{name} {SUFFIX['ground_truth']}", "colormap": "gray",
                             "contrast_limits": image_limits(gt, gt),
                             "metadata": {ROLE: "ground_truth",
-                                         GEOMETRY: sinogram.geometry.to_dict()}}, "image"))
+                                         GEOMETRY: sinogram.geometry.to_dict()},
+                            **_lead(image_placement(sinogram.geometry), gt.ndim - 2)},
+                       "image"))
     return layers
+
+
+def _lead(place: dict, n: int) -> dict:
+    """Placement of a layer with ``n`` leading (slice) axes: unit steps there."""
+    if not place or n <= 0:
+        return place
+    return {"scale": (1.0,) * n + tuple(place["scale"]),
+            "translate": (0.0,) * n + tuple(place["translate"]),
+            "units": ("pixel",) * n + tuple(place["units"])}
 
 
 def result_info(result) -> dict:
@@ -119,6 +167,7 @@ def result_info(result) -> dict:
             "input_path": result.input_path, "input_sha256": result.input_sha256,
             "seed": result.seed, "device": result.device, "units": result.units,
             "version": result.version, "created": result.created,
+            "provenance": result.provenance,
             "variance": result.variance, "samples": result.samples, "dip": result.dip}
 
 
@@ -132,48 +181,44 @@ def result_layers(result, name: str) -> list[LayerData]:
     and |error| go from 0 to their 99.5 %.
     """
     truth = result.ground_truth
-    rec_limits = image_limits(result.reconstruction, truth)
+    rec_limits = image_limits(result.image, truth)
     geom = None if result.geometry is None else result.geometry.to_dict()
+    place = _lead(image_placement(result.geometry), result.image.ndim - 2)
+    info = {RESULT_INFO: result_info(result)}
 
     def meta(role, **extra):
-        return {ROLE: role, GEOMETRY: geom, **extra}
+        return {ROLE: role, GEOMETRY: geom, "units": result.units, **extra}
 
+    def layer(role, data, colormap, limits, **extra):
+        return (data, {"name": f"{name} {SUFFIX[role]}", "colormap": colormap,
+                       "contrast_limits": limits, "metadata": meta(role, **extra), **place},
+                "image")
+
+    # the result's other fields ride on the first of reconstruction / std / any image
+    carrier = next(n for n in ("reconstruction", "std", "fbp", "ground_truth")
+                   if getattr(result, n) is not None) if any(
+        getattr(result, n) is not None for n in ("reconstruction", "std", "fbp", "ground_truth")
+    ) else None
     layers: list[LayerData] = []
     if result.fbp is not None:
-        layers.append((result.fbp, {"name": f"{name} {SUFFIX['fbp']}", "colormap": "gray",
-                                    "contrast_limits": rec_limits, "metadata": meta("fbp")},
-                       "image"))
+        layers.append(layer("fbp", result.fbp, "gray", rec_limits,
+                            **(info if carrier == "fbp" else {})))
     if truth is not None:
-        layers.append((truth, {"name": f"{name} {SUFFIX['ground_truth']}", "colormap": "gray",
-                               "contrast_limits": rec_limits,
-                               "metadata": meta("ground_truth")}, "image"))
-    layers.append((result.reconstruction,
-                   {"name": f"{name} {SUFFIX['reconstruction']}", "colormap": "gray",
-                    "contrast_limits": rec_limits,
-                    "metadata": meta("reconstruction", **{RESULT_INFO: result_info(result)})},
-                   "image"))
-    layers.append((result.std, {"name": f"{name} {SUFFIX['std']}", "colormap": "viridis",
-                                "contrast_limits": positive_limits(result.std),
-                                "metadata": meta("std")}, "image"))
-    if truth is not None:
+        layers.append(layer("ground_truth", truth, "gray", rec_limits,
+                            **(info if carrier == "ground_truth" else {})))
+    if result.reconstruction is not None:
+        layers.append(layer("reconstruction", result.reconstruction, "gray", rec_limits,
+                            **info))
+    if result.std is not None:
+        layers.append(layer("std", result.std, "viridis", positive_limits(result.std),
+                            **(info if carrier == "std" else {})))
+    if truth is not None and result.reconstruction is not None:
         err = np.abs(result.reconstruction - truth)
-        layers.append((err, {"name": f"{name} {SUFFIX['error']}", "colormap": "magma",
-                             "contrast_limits": positive_limits(err),
-                             "metadata": meta("error")}, "image"))
+        layers.append(layer("error", err, "magma", positive_limits(err)))
     return layers
 
 
 # -- reading ------------------------------------------------------------------
-def _n_rows(path) -> int | None:
-    """Projection rows of a sinogram file that has no angles (None if unknown)."""
-    try:  # the array loader of ctuq.data.io, without the geometry resolution
-        from ctuq.data.io.readers import _load
-
-        return int(_load(Path(path), dataset=None, raw=None, format=None).data.shape[-2])
-    except Exception:  # noqa: BLE001 - the caller reports the original error
-        return None
-
-
 def read_layers(path) -> list[LayerData]:
     """Read one file into napari layer data.
 
@@ -198,34 +243,30 @@ def read_layers(path) -> list[LayerData]:
     opened with equispaced angles over 180° and ``geometry_assumed`` set, and
     a warning asks to check the geometry in the widget.
     """
-    from ctuq.data.io import detect_format, read_result, read_sinogram
+    from ctuq.data.io.isolated import read_any_isolated
 
     name = base_name(path)
-    if detect_format(path) == "result":
-        return result_layers(read_result(path), name)
-    try:
-        return sinogram_layers(read_sinogram(path), name)
-    except InputError as err:
-        if err.field != "angles" or "no projection angles" not in err.message:
-            raise
-        rows = _n_rows(path)
-        if rows is None:
-            raise
-    sino = read_sinogram(path, n_angles=rows)
+    kind, obj = read_any_isolated(path, timeout=READ_TIMEOUT, assume_angles=True)
+    if kind == "result":
+        return result_layers(obj, name)
+    sino = obj
+    if not sino.meta.get("angles_assumed"):
+        return sinogram_layers(sino, name)
     from napari.utils.notifications import show_warning
 
-    show_warning(f"{os.path.basename(path)}: the file has no projection angles; assuming {rows} "
-                 "equispaced angles over 180°. Check the geometry in the ctuq widget.")
+    show_warning(f"{os.path.basename(path)}: the file has no projection angles; assuming "
+                 f"{sino.geometry.n_angles} equispaced angles over 180°. Check the geometry in "
+                 "the ctuq widget.")
     return sinogram_layers(sino, name, assumed=True)
 
 
 def _looks_like_ours(path: str) -> bool:
-    from ctuq.data.io import detect_format
+    from ctuq.data.io import detect_format_isolated
 
     if Path(path).suffix.lower() in EXTENSIONS:
         return True
     try:  # another extension: ours only if the content is a known format
-        detect_format(path)
+        detect_format_isolated(path, timeout=READ_TIMEOUT)
     except InputError:
         return False
     return True

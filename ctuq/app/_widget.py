@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Callable
@@ -71,6 +72,26 @@ def _int_spin(lo: int, hi: int, value: int, special: str | None = None) -> QSpin
     if special:
         box.setSpecialValueText(special)
     return box
+
+
+#: Roles of layers that get a colorbar (images with a value scale worth reading).
+COLORBAR_ROLES = ("reconstruction", "std", "error", "fbp", "ground_truth")
+
+
+def style_result_layer(viewer, layer) -> None:
+    """Colorbar, panel name and scale bar for a ctuq layer (best effort: napari >= 0.6)."""
+    role = getattr(layer, "metadata", {}).get(ROLE)
+    if role is None:
+        return
+    try:
+        layer.name_overlay.visible = True  # the layer's name in its grid panel
+        if role in COLORBAR_ROLES:
+            layer.colorbar.visible = True
+        units = getattr(layer, "units", ())
+        if units and all(str(u) in ("mm", "millimeter") for u in units[-2:]):
+            viewer.scale_bar.visible = True
+    except (AttributeError, ValueError) as err:  # an older napari: plain layers
+        log.debug("cannot style layer %s: %s", layer.name, err)
 
 
 class _Relay(QObject):
@@ -269,6 +290,10 @@ class CtuqWidget(QWidget):
         self.image_size_spin = _int_spin(4, 16_384, 256)
         self.source_origin_spin = _double_spin(1e-6, 1e9, 1000.0, 3)
         self.origin_detector_spin = _double_spin(0.0, 1e9, 1000.0, 3)
+        self.center_offset_spin = _double_spin(-1e5, 1e5, 0.0, 3)
+        self.center_offset_spin.setToolTip("Centre of rotation: the rotation axis projects "
+                                           "this many detector pixels right of the detector "
+                                           "centre (tomopy's center - n_detector/2)")
         g.addRow("Beam", self.beam_combo)
         g.addRow("Angles", self.n_angles_spin)
         g.addRow("First angle (°)", self.angle_first_spin)
@@ -279,6 +304,7 @@ class CtuqWidget(QWidget):
         g.addRow("Image size (px)", self.image_size_spin)
         g.addRow("Source–axis (mm)", self.source_origin_spin)
         g.addRow("Axis–detector (mm)", self.origin_detector_spin)
+        g.addRow("Centre offset (px)", self.center_offset_spin)
         layout.addWidget(self.geometry_box)
 
         self.advanced_toggle = QCheckBox("Advanced options")
@@ -393,6 +419,7 @@ class CtuqWidget(QWidget):
 
     def _on_inserted(self, event) -> None:
         event.value.events.name.connect(self._refresh_layers)
+        style_result_layer(self.viewer, event.value)
         self._refresh_layers()
 
     def _refresh_layers(self, event=None) -> None:
@@ -445,6 +472,8 @@ class CtuqWidget(QWidget):
         if g.beam == "fan":
             self.source_origin_spin.setValue(g.source_origin)
             self.origin_detector_spin.setValue(g.origin_detector)
+        self.center_offset_spin.setValue(g.center_offset)
+        self._image_offset = tuple(g.image_offset)
         self._image_shape = tuple(g.image_shape)
         self._file_angles = np.asarray(deg, dtype=np.float64)
         self._angle_fields_filled = self._angle_fields()
@@ -485,7 +514,11 @@ class CtuqWidget(QWidget):
              "pixel_size": self.pixel_size_spin.value(),
              "n_detector": self.n_detector_spin.value(),
              "detector_spacing": self.detector_spacing_spin.value(),
-             "angles_deg": [float(a) for a in angles_deg]}
+             "angles_deg": [float(a) for a in angles_deg],
+             "center_offset": self.center_offset_spin.value()}
+        if any(getattr(self, "_image_offset", (0.0, 0.0))) and max(shape) == max(
+                self._image_shape or shape):
+            d["image_offset"] = list(self._image_offset)
         if d["beam"] == "fan":
             d["source_origin"] = self.source_origin_spin.value()
             d["origin_detector"] = self.origin_detector_spin.value()
@@ -580,7 +613,14 @@ class CtuqWidget(QWidget):
         self._cancel_event.clear()
         cancel_event, relay = self._cancel_event, self._relay
 
+        last = {"t": 0.0, "stage": None}
+
         def progress(stage, step, total, message=""):
+            # every DIP iteration reports; the GUI needs at most 10 updates a second
+            now = time.monotonic()
+            if stage == last["stage"] and 0 < step < total and now - last["t"] < 0.1:
+                return
+            last.update(t=now, stage=stage)
             relay.progress.emit((stage, int(step), int(total), str(message)))
 
         def job():
@@ -690,6 +730,10 @@ class CtuqWidget(QWidget):
             layer.contrast_limits_range = kwargs["contrast_limits"]
             layer.contrast_limits = kwargs["contrast_limits"]
             layer.colormap = kwargs["colormap"]
+            for key in ("scale", "translate", "units"):
+                if key in kwargs:
+                    setattr(layer, key, kwargs[key])
+            style_result_layer(self.viewer, layer)
         else:
             self.viewer.add_image(data, **kwargs)
 

@@ -1,14 +1,15 @@
-"""napari writer: a reconstruction and its uncertainty as a ctuq result file.
+"""napari writer: selected layers as a ctuq result file.
 
 The writer takes the selected image layers (napari's multi-layer writer
 contract: a path and a list of ``(data, attributes, layer_type)`` tuples),
-finds the reconstruction and the std among them by their ``ctuq_role``
-metadata (else by the name suffixes `` reconstruction`` and `` std``), adds
-the FBP and the ground truth when they are selected too, and writes a NeXus
-NXtomoproc file with :func:`ctuq.data.io.write_result`. Geometry, config,
-hyperparameters, EM trace, metrics and the other stored arrays (variance,
-samples) come from the reconstruction layer's metadata, so a result file
-opened in napari and saved again reads back equal.
+recognises the reconstruction, std, FBP, ground truth, DIP and variance
+among them by their ``ctuq_role`` metadata (else by the name suffixes
+`` reconstruction``, `` std``...), and writes a NeXus NXtomoproc file with
+:func:`ctuq.data.io.write_result`. **Any single layer can be saved alone**
+(the std map, say): the file then holds that one image. Geometry, config,
+hyperparameters, EM trace, metrics, provenance and the other stored arrays
+(variance, samples) come from the layer that carries the result's metadata,
+so a result file opened in napari and saved again reads back equal.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ log = logging.getLogger(__name__)
 
 _INFO_FIELDS = ("config", "hyperparameters", "em_trace", "metrics", "input_path",
                 "input_sha256", "seed", "device", "units", "version", "created",
-                "variance", "samples", "dip")
+                "provenance", "variance", "samples", "dip")
+#: Layer roles that are images of a result.
+_IMAGE_ROLES = ("reconstruction", "std", "fbp", "ground_truth", "dip", "variance")
 
 
 def _role(attributes: dict) -> str | None:
@@ -46,8 +49,9 @@ def result_from_layers(layer_data: list[tuple[Any, dict, str]]):
     Raises
     ------
     InputError
-        No reconstruction or no std layer among them, more than one of
-        either, or arrays that do not fit together.
+        No result image among them, a layer that is not a result image
+        (a sinogram, the derived |error|), two layers of one role, or arrays
+        that do not fit together.
     """
     from ctuq.data.geometry import Geometry
     from ctuq.data.io import Result
@@ -59,34 +63,47 @@ def result_from_layers(layer_data: list[tuple[Any, dict, str]]):
         if layer_type != "image":
             continue
         role = _role(attributes)
+        if role is None and len(layer_data) == 1:
+            raise InputError(f"layer {attributes.get('name', '')!r} is not a ctuq result "
+                             "layer (reconstruction, std, FBP, truth)", field="layers")
         if role is not None:
             by_role.setdefault(role, []).append((data, attributes))
-    for role in ("reconstruction", "std"):
-        found = by_role.get(role, [])
+    for role in ("error", "sinogram"):
+        if role in by_role and not any(r in by_role for r in _IMAGE_ROLES):
+            what = "the |error| map is derived from the reconstruction and the truth; " \
+                   "select those" if role == "error" else "a sinogram is not a result"
+            raise InputError(f"cannot save as a ctuq result: {what}", field="layers")
+    images = {r: v for r, v in by_role.items() if r in _IMAGE_ROLES}
+    if not images:
+        raise InputError("select at least one ctuq result layer (reconstruction, std, FBP, "
+                         "truth) to save a result", field="layers")
+    for role, found in images.items():
         if len(found) != 1:
-            raise InputError(
-                f"select exactly one reconstruction layer and one std layer to save a ctuq "
-                f"result ({len(found)} {role} layer(s) selected)", field="layers")
-    rec, rec_attrs = by_role["reconstruction"][0]
-    std, _ = by_role["std"][0]
-    meta = rec_attrs.get("metadata") or {}
+            raise InputError(f"{len(found)} {role} layers are selected; select one",
+                             field="layers")
+    # the metadata of the whole result rides on one layer (the reconstruction's normally)
+    carrier = next((v[0][1] for r, v in images.items()
+                    if (v[0][1].get("metadata") or {}).get(RESULT_INFO)), None)
+    carrier = carrier if carrier is not None else next(iter(images.values()))[0][1]
+    meta = carrier.get("metadata") or {}
     info = {k: v for k, v in (meta.get(RESULT_INFO) or {}).items() if k in _INFO_FIELDS}
+    if "units" not in info and meta.get("units"):
+        info["units"] = meta["units"]
     geom = meta.get(GEOMETRY)
-    extra = {}
-    for role, field in (("fbp", "fbp"), ("ground_truth", "ground_truth")):
-        if len(by_role.get(role, [])) == 1:
-            extra[field] = by_role[role][0][0]
+    arrays = {role: np.asarray(v[0][0]) for role, v in images.items()}
     # stored arrays that no longer fit the (edited) layers are dropped, not guessed
-    shape = np.shape(rec)
+    shape = next(iter(arrays.values())).shape
     for key in ("variance", "dip"):
-        if info.get(key) is not None and np.shape(info[key]) != shape:
+        if key in arrays:
+            info.pop(key, None)
+        elif info.get(key) is not None and np.shape(info[key]) != shape:
             info.pop(key)
     if info.get("samples") is not None and (
-            np.shape(info["samples"])[:-3] + np.shape(info["samples"])[-2:] != shape):
+            np.shape(info["samples"])[:-3] + np.shape(info["samples"])[-2:] != shape
+            or "reconstruction" not in arrays):
         info.pop("samples")
-    return Result(reconstruction=np.asarray(rec), std=np.asarray(std),
-                  geometry=None if geom is None else Geometry.from_dict(geom),
-                  **extra, **{k: v for k, v in info.items() if v is not None})
+    return Result(**arrays, geometry=None if geom is None else Geometry.from_dict(geom),
+                  **{k: v for k, v in info.items() if v is not None})
 
 
 def write_result_layers(path: str, layer_data: list[tuple[Any, dict, str]]) -> list[str]:
@@ -97,7 +114,8 @@ def write_result_layers(path: str, layer_data: list[tuple[Any, dict, str]]) -> l
     path : str
         The output file; replaced if it exists (napari's save dialog asks first).
     layer_data : list of (data, attributes, layer_type)
-        Must include one reconstruction and one std layer.
+        One or more result layers (reconstruction, std, FBP, truth...), at
+        most one of each.
 
     Returns
     -------

@@ -1,9 +1,21 @@
 """Batch reconstruction: many inputs, one result file each, resumable, on Dask.
 
 Resuming rests on the atomic writes of :mod:`ctuq.data.io`: a result file
-appears under its final name only once it is complete, so an existing output
-that reads back is complete and skipped, and a run killed mid-write leaves
-at most a hidden ``.<name>.<hex>.tmp`` file, which the next run removes.
+appears under its final name only once it is complete. An existing output is
+skipped only when it reads back *and* was made from the same input (SHA-256)
+with the same settings (:meth:`ReconstructionConfig.result_affecting`);
+otherwise that input fails with the differences named, unless ``overwrite``
+recomputes it. Nothing is ever deleted except the provably stale temporaries
+of earlier ctuq writes (:func:`ctuq.data.io.remove_stale_temporaries`: their
+own name pattern and an unlocked lock file), and never an input.
+
+One batch at a time per output folder: a run holds an exclusive lock on
+``OUT/.ctuq-batch.lock``; a second run into the same folder is refused with a
+message naming the first (its PID and host).
+
+Each input is opened in a child process with a time limit
+(:func:`ctuq.data.io.read_sinogram_isolated`), so a file that crashes or
+hangs the HDF5 library fails alone and the batch goes on.
 
 Serial runs call the pipeline in this process. ``workers=N`` starts a
 ``dask.distributed.LocalCluster`` of N single-threaded worker processes;
@@ -15,9 +27,12 @@ the CLI shows the same bars as a serial run.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import logging
 import os
+import secrets
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -30,6 +45,7 @@ log = logging.getLogger(__name__)
 
 RESULT_SUFFIX = ".ctuq.h5"
 PROGRESS_QUEUE = "ctuq-progress"
+LOCK_NAME = ".ctuq-batch.lock"
 
 
 @dataclass
@@ -43,9 +59,14 @@ class Outcome:
     error: str | None = None
     metrics: dict = field(default_factory=dict)
     mean_std: float | None = None
+    note: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(6)
 
 
 def output_path(input_path, out_dir) -> Path:
@@ -73,68 +94,164 @@ def plan_outputs(inputs: Iterable, out_dir) -> list[tuple[Path, Path]]:
     return pairs
 
 
-def is_complete(path: Path) -> bool:
-    """True when ``path`` is a result file that reads back."""
-    from ctuq.data.io import read_result
+# -- the folder lock -------------------------------------------------------------------
+@contextlib.contextmanager
+def folder_lock(out_dir: Path, run_id: str):
+    """Hold ``OUT/.ctuq-batch.lock`` exclusively for a run; refuse if another run holds it.
 
-    if not path.is_file():
-        return False
-    try:
-        read_result(path)
-        return True
-    except CtuqError:
-        return False
-
-
-def remove_stale_temporaries(out_dir: Path) -> list[Path]:
-    """Delete the hidden temporary files that a killed run left in ``out_dir``."""
-    removed = []
-    for p in Path(out_dir).glob(".*.tmp"):
+    The lock file is removed when the run ends. A run that finds the path
+    pointing at another file than the one it locked (removed and recreated
+    meanwhile) tries again, so two runs can never both hold the lock.
+    """
+    path = Path(out_dir) / LOCK_NAME
+    for _attempt in range(10):
         try:
-            p.unlink()
-            removed.append(p)
-        except OSError as err:  # another live run may own it: leave it
-            log.warning("could not remove %s: %s", p, err)
-    return removed
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as err:
+            raise InputError(f"cannot create the batch lock ({err.strerror})", file=path,
+                             field="--out") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            who = ""
+            with contextlib.suppress(OSError):
+                who = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+            os.close(fd)
+            raise InputError(f"another ctuq reconstruct is writing into this folder "
+                             f"({who or 'unknown process'}); wait for it to finish or choose "
+                             "another --out", file=out_dir, field="--out") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # we locked a file that a finishing run had just removed
+    else:  # pragma: no cover - ten races in a row
+        raise InputError("cannot take the batch lock (it keeps changing)", file=path,
+                         field="--out")
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}, run {run_id}\n".encode(), 0)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # still holding the lock: nobody can be using this file
+        os.close(fd)
+
+
+# -- one input -------------------------------------------------------------------------
+def _differences(stored: dict, wanted: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(stored) | set(wanted)):
+        a, b = stored.get(key, "unset"), wanted.get(key, "unset")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} {a!r} -> {b!r}")
+    return out
+
+
+def check_existing(input_path: Path, out_path: Path, config, *, timeout: float) -> Outcome | None:
+    """The outcome for an input whose output exists (None: it does not exist).
+
+    Skipped when the output reads back and was made from this input with the
+    same settings; failed, naming the differences, otherwise.
+    """
+    from ctuq.data.io import read_result_isolated, sha256_file
+
+    if not os.path.lexists(out_path):
+        return None
+    inp, out = str(input_path), str(out_path)
+    try:
+        stored = read_result_isolated(out_path, timeout=timeout)
+    except CtuqError as err:
+        return Outcome(inp, out, "failed", error=f"the output exists but is not a readable "
+                       f"result ({err}); --overwrite replaces it")
+    request = (stored.provenance or {}).get("request")
+    if request is None:
+        return Outcome(inp, out, "failed", error="the output exists but records no settings "
+                       "(written by an older ctuq); --overwrite recomputes it")
+    from ctuq.recon.config import ReconstructionConfig
+
+    try:
+        stored_cfg = ReconstructionConfig.from_dict(request).result_affecting()
+    except CtuqError:
+        stored_cfg = {"unreadable": True}
+    diff = _differences(stored_cfg, config.result_affecting())
+    try:
+        digest = sha256_file(input_path)
+    except CtuqError as err:
+        return Outcome(inp, out, "failed", error=str(err))
+    if stored.input_sha256 and stored.input_sha256 != digest:
+        diff.insert(0, "the input file changed (SHA-256 differs)")
+    if diff:
+        return Outcome(inp, out, "failed", error="the output exists but was computed "
+                       f"differently: {'; '.join(diff[:6])}{' ...' if len(diff) > 6 else ''}; "
+                       "--overwrite recomputes it, or choose another --out")
+    return Outcome(inp, out, "skipped", note="complete, same input and settings")
 
 
 def run_one(input_path, out_path, config: dict, overwrite: bool = False,
-            progress: Callable | None = None) -> Outcome:
+            progress: Callable | None = None, run_id: str | None = None) -> Outcome:
     """Reconstruct one input into one result file; never raises.
 
     Parameters
     ----------
     input_path, out_path : path-like
     config : dict
-        A :class:`ctuq.recon.pipeline.ReconstructionConfig` as a dict (plain
+        A :class:`ctuq.recon.config.ReconstructionConfig` as a dict (plain
         data, so that it travels to Dask workers).
     overwrite : bool
-        Replace an existing complete output.
+        Replace an existing output.
     progress : callable, optional
         Receives the pipeline's progress events.
+    run_id : str, optional
+        This batch run: an output that it already wrote (a retried Dask task
+        whose worker died after writing) is reported as done.
     """
     from ctuq.recon.pipeline import ReconstructionConfig, reconstruct_file
 
     input_path, out_path = Path(input_path), Path(out_path)
+    inp, out = str(input_path), str(out_path)
     t0 = time.perf_counter()
-    if not overwrite and is_complete(out_path):
-        return Outcome(str(input_path), str(out_path), "skipped")
     try:
         cfg = ReconstructionConfig.from_dict(config)
+        if not overwrite:
+            existing = check_existing(input_path, out_path, cfg,
+                                      timeout=cfg.read_options.read_timeout)
+            if existing is not None:
+                return _mine(existing, run_id) or existing
         result = reconstruct_file(input_path, out_path, cfg, overwrite=overwrite,
-                                  progress=progress)
-        return Outcome(str(input_path), str(out_path), "done", time.perf_counter() - t0,
+                                  progress=progress, run_id=run_id)
+        return Outcome(inp, out, "done", time.perf_counter() - t0,
                        metrics=dict(result.metrics), mean_std=float(result.std.mean()))
     except CtuqError as err:
-        return Outcome(str(input_path), str(out_path), "failed", time.perf_counter() - t0,
-                       error=str(err))
+        return Outcome(inp, out, "failed", time.perf_counter() - t0, error=str(err))
     except Exception as err:  # a bug must not stop the batch; keep its trace in the log
         log.error("unexpected error on %s:\n%s", input_path, traceback.format_exc())
-        return Outcome(str(input_path), str(out_path), "failed", time.perf_counter() - t0,
+        return Outcome(inp, out, "failed", time.perf_counter() - t0,
                        error=f"internal error: {type(err).__name__}: {err}")
 
 
-def _dask_task(input_path, out_path, config, overwrite):
+def _mine(existing: Outcome, run_id: str | None) -> Outcome | None:
+    """A skipped output that this very run wrote (earlier attempt of a retried task) is done."""
+    if run_id is None or existing.status != "skipped":
+        return None
+    from ctuq.data.io import read_result
+
+    try:
+        r = read_result(existing.output)
+    except CtuqError:
+        return None
+    if (r.provenance or {}).get("run_id") != run_id:
+        return None
+    std = None if r.std is None else float(r.std.mean())
+    return Outcome(existing.input, existing.output, "done", metrics=dict(r.metrics),
+                   mean_std=std, note="written by an earlier attempt of this run")
+
+
+def _dask_task(input_path, out_path, config, overwrite, run_id=None):
     """Runs on a worker: forwards progress events to the client through a queue."""
     from distributed import Queue, get_worker
 
@@ -142,15 +259,23 @@ def _dask_task(input_path, out_path, config, overwrite):
         queue = Queue(PROGRESS_QUEUE)
         this = get_worker()
         worker = this.name
-        # torch would start one thread per core in every worker process;
-        # give it the threads Dask gave this worker instead (no oversubscription)
+        threads = config.get("threads")
         import torch
 
-        torch.set_num_threads(max(1, int(this.state.nthreads)))
+        # the thread count is part of the arithmetic: the config's, else this
+        # worker's share (no oversubscription)
+        torch.set_num_threads(int(threads) if threads else max(1, int(this.state.nthreads)))
     except (ValueError, RuntimeError, AttributeError):
         queue, worker = None, None
 
+    last = {"t": 0.0, "stage": None}
+
     def progress(stage, step, total, message=""):
+        # at most 4 messages a second per worker, but every stage change and end
+        now = time.monotonic()
+        if stage == last["stage"] and 0 < step < total and now - last["t"] < 0.25:
+            return
+        last.update(t=now, stage=stage)
         if queue is not None:
             try:
                 queue.put({"input": str(input_path), "stage": stage, "step": step,
@@ -159,13 +284,14 @@ def _dask_task(input_path, out_path, config, overwrite):
             except Exception:  # progress is best effort; never fail the task for it
                 pass
 
-    return run_one(input_path, out_path, config, overwrite, progress).to_dict()
+    return run_one(input_path, out_path, config, overwrite, progress, run_id).to_dict()
 
 
 def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
               workers: int | None = None, scheduler: str | None = None,
               retries: int = 2, on_progress: Callable | None = None,
-              on_outcome: Callable | None = None) -> list[Outcome]:
+              on_outcome: Callable | None = None, run_id: str | None = None,
+              quiet_dask: bool = True) -> list[Outcome]:
     """Reconstruct every input; see the module docstring.
 
     Parameters
@@ -176,7 +302,7 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
     config : dict
         The effective :class:`~ctuq.recon.pipeline.ReconstructionConfig` as a dict.
     overwrite : bool
-        Recompute inputs whose output is complete.
+        Recompute inputs whose output exists.
     workers : int, optional
         Start a local Dask cluster of this many worker processes.
     scheduler : str, optional
@@ -186,16 +312,32 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
     on_progress : callable, optional
         ``on_progress(input, stage, step, total, message)`` for stage events.
     on_outcome : callable, optional
-        ``on_outcome(outcome)`` as each input finishes.
+        ``on_outcome(outcome)`` as each input finishes; an exception in it is
+        logged and does not stop the batch.
+    run_id : str, optional
+        Default: a new random id (recorded in every result written).
+    quiet_dask : bool
+        Keep Dask's own logging at ERROR level. Default True.
 
     Returns
     -------
     list of Outcome, in input order
+
+    Raises
+    ------
+    InputError
+        Bad arguments, an output folder that cannot be created, or another
+        batch writing into the same folder.
     """
     if workers is not None and scheduler is not None:
         raise InputError("give --workers or --scheduler, not both", field="--workers")
     if workers is not None and workers < 1:
         raise InputError(f"must be >= 1, got {workers}", field="--workers")
+    from ctuq.data.io import remove_stale_temporaries
+    from ctuq.recon.config import ReconstructionConfig
+
+    ReconstructionConfig.from_dict(config)  # refuse bad settings before any work
+    run_id = run_id or new_run_id()
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -203,22 +345,27 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
         raise InputError(f"cannot create the output folder: {err.strerror}", file=out_dir,
                          field="--out") from None
     pairs = plan_outputs(inputs, out_dir)
-    for p in remove_stale_temporaries(out_dir):
-        log.info("removed stale temporary %s", p)
-    outcomes: dict[str, Outcome] = {}
+    with folder_lock(out_dir, run_id):
+        for p in remove_stale_temporaries(out_dir, protect=[inp for inp, _ in pairs]):
+            log.info("removed stale temporary %s", p)
+        outcomes: dict[str, Outcome] = {}
 
-    def finished(o: Outcome):
-        outcomes[o.input] = o
-        if on_outcome is not None:
-            on_outcome(o)
+        def finished(o: Outcome):
+            outcomes[o.input] = o
+            if on_outcome is not None:
+                try:
+                    on_outcome(o)
+                except Exception as err:  # noqa: BLE001 - a preview must not stop a batch
+                    log.warning("after %s: %s: %s", o.input, type(err).__name__, err)
 
-    if workers is None and scheduler is None:
-        for inp, out in pairs:
-            cb = None if on_progress is None else functools.partial(_file_progress, on_progress,
-                                                                    str(inp))
-            finished(run_one(inp, out, config, overwrite, cb))
-    else:
-        _run_dask(pairs, config, overwrite, workers, scheduler, retries, on_progress, finished)
+        if workers is None and scheduler is None:
+            for inp, out in pairs:
+                cb = None if on_progress is None else functools.partial(
+                    _file_progress, on_progress, str(inp))
+                finished(run_one(inp, out, config, overwrite, cb, run_id))
+        else:
+            _run_dask(pairs, config, overwrite, workers, scheduler, retries, on_progress,
+                      finished, run_id, quiet_dask)
     return [outcomes[str(inp)] for inp, _ in pairs]
 
 
@@ -227,14 +374,20 @@ def _file_progress(on_progress, inp: str, stage, step, total, message=""):
     on_progress(inp, stage, step, total, message)
 
 
-def _run_dask(pairs, config, overwrite, workers, scheduler, retries, on_progress, finished):
+def _run_dask(pairs, config, overwrite, workers, scheduler, retries, on_progress, finished,
+              run_id, quiet):
     from distributed import Client, LocalCluster, Queue, as_completed
 
+    level = logging.ERROR if quiet else logging.INFO
+    if quiet:
+        for name in ("distributed", "dask", "tornado", "bokeh"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     cluster = None
     if scheduler is None:
-        # one thread per worker: torch parallelises inside a task already
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                               host="127.0.0.1", dashboard_address=None)
+        # one thread per worker unless the config says otherwise (torch parallelises a task)
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=config.get("threads") or 1,
+                               processes=True, host="127.0.0.1", dashboard_address=None,
+                               silence_logs=level)
         client = Client(cluster)
     else:
         try:
@@ -244,8 +397,8 @@ def _run_dask(pairs, config, overwrite, workers, scheduler, retries, on_progress
                              field="--scheduler") from None
     try:
         queue = Queue(PROGRESS_QUEUE, client=client)
-        futures = {client.submit(_dask_task, str(inp), str(out), config, overwrite,
-                                 key=f"ctuq-{os.getpid()}-{i}", pure=False, retries=retries): inp
+        futures = {client.submit(_dask_task, str(inp), str(out), config, overwrite, run_id,
+                                 key=f"ctuq-{run_id}-{i}", pure=False, retries=retries): (inp, out)
                    for i, (inp, out) in enumerate(pairs)}
         pending = as_completed(list(futures), with_results=False)
         remaining = len(futures)
@@ -257,17 +410,19 @@ def _run_dask(pairs, config, overwrite, workers, scheduler, retries, on_progress
                 continue
             for fut in done:
                 remaining -= 1
-                inp = futures[fut]
+                inp, out = futures[fut]
                 try:
                     finished(Outcome(**fut.result()))
                 except Exception as err:  # the worker died more than `retries` times
-                    finished(Outcome(str(inp), str(output_path(inp, pairs[0][1].parent)),
-                                     "failed", error=f"worker lost: {err}"))
+                    finished(Outcome(str(inp), str(out), "failed",
+                                     error=f"worker lost {retries + 1} times while "
+                                           f"reconstructing it: {err}"))
         _drain(queue, on_progress)
     finally:
         client.close()
         if cluster is not None:
-            cluster.close()
+            with contextlib.suppress(Exception):
+                cluster.close(timeout=30)
 
 
 def _drain(queue, on_progress):

@@ -1,7 +1,13 @@
 """The ``ctuq`` command line (typer + rich).
 
-Every error a user can cause ends in one red line naming the file and the
-field, and a non-zero exit code; never a traceback.
+Behaves like a Unix tool: a usage error or a bad value exits with status 2
+and one or two lines naming the option (no traceback; ``--debug`` shows it);
+a failed input of a batch is one row with its whole reason, and the exit
+status is 1 when any input failed. Text from files is printed verbatim
+(never read as Rich markup or emoji). Geometry and read flags are generated
+from the settings dataclasses (:mod:`ctuq.app._cli_options`): the same names
+as the TOML sections ``[geometry]`` and ``[read]``, the Python API and
+sidecar files.
 """
 
 from __future__ import annotations
@@ -9,19 +15,33 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ctuq import __version__
-from ctuq.errors import CtuqError
+from ctuq.app._cli_options import with_settings
+from ctuq.app._cli_output import (BatchBars, err_console, error_line, kv_table, note,
+                                  out_console, summary_table, write_summary_json)
+from ctuq.errors import CtuqError, InputError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  pretty_exceptions_enable=False,
                   help="ctuq: uncertainty-aware CT reconstruction.")
-console = Console(stderr=True)
+console = err_console
 log = logging.getLogger("ctuq")
+
+_state = {"debug": False, "verbose": False}
+
+#: The demo's default problem, sized so that `ctuq demo` takes <= 3 min on a 2-core CPU.
+DEMO_SIZE = 64
+DEMO_ANGLES = 60
+#: Extensions ``ctuq simulate`` writes, by format.
+SIMULATE_FORMATS = {".nxs": "nxtomo", ".nx": "nxtomo", ".h5": "nxtomo", ".hdf5": "nxtomo",
+                    ".npz": "npz"}
 
 
 def _version(value: bool):
@@ -30,21 +50,42 @@ def _version(value: bool):
         raise typer.Exit()
 
 
-_state = {"debug": False}
-
-#: The demo's default problem, sized so that `ctuq demo` takes <= 3 min on a 2-core CPU.
-DEMO_SIZE = 64
-DEMO_ANGLES = 60
-
-
 @app.callback()
-def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details."),
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details "
+                                       "(also Dask's)."),
           debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
           version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")):
     _state["debug"] = debug
+    _state["verbose"] = verbose
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format="%(levelname)s %(name)s: %(message)s", force=True)
+    if not verbose:
+        for name in ("distributed", "dask", "tornado", "bokeh"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _build_config(config_file, settings: dict | None = None, **flags):
+    """The configuration: defaults, then the TOML file, then the flags given."""
+    from ctuq.recon.config import ReconstructionConfig
+
+    cfg = ReconstructionConfig.from_toml(config_file) if config_file else ReconstructionConfig()
+    changes = {k: v for k, v in flags.items() if v is not None}
+    for group, values in (settings or {}).items():
+        changes[group] = values
+    if not changes:
+        return cfg
+    try:
+        return cfg.merged(changes)
+    except InputError as err:  # a flag's value: name the flag
+        name = (err.field or "").split(".")[-1]
+        raise InputError(err.message, field=f"--{name.replace('_', '-')}" if name else None
+                         ) from None
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a folder", file=out, field="--out")
 
 
 @app.command()
@@ -60,8 +101,6 @@ def demo(out: Path = typer.Option(Path("demo_out"), "--out", help="Output folder
     with its truth) and demo.png (truth, FBP, reconstruction, std map,
     |error|, calibration curve, EM trace), and prints the metrics.
     """
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from ctuq.app.figures import result_figure
     from ctuq.data.geometry import Geometry
     from ctuq.data.io import Sinogram, write_sinogram
@@ -70,31 +109,24 @@ def demo(out: Path = typer.Option(Path("demo_out"), "--out", help="Output folder
     from ctuq.data.simulate import simulate_sinogram
     from ctuq.recon.pipeline import reconstruct_file
 
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    cfg = _build_config(config, seed=seed)
+    _check_out_dir(out)
     geometry = Geometry.parallel(size, angles)
     truth = shepp_logan(size)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     y, sigma = simulate_sinogram(truth, RayTransform(geometry), noise, seed=seed)
     sino_path = write_sinogram(out / "demo_sinogram.h5", Sinogram(
         y.cpu().numpy(), geometry, ground_truth=truth,
         meta={"phantom": "shepp", "noise_level": noise, "noise_std": sigma, "seed": seed}),
         overwrite=True)
-    cfg = _build_config(config, None, None, seed)
-    with Progress(TextColumn("{task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                  console=console) as bars:
-        task = bars.add_task("starting", total=1)
-
+    with BatchBars(1) as bars:
         def progress(stage, step, total, message=""):
-            bars.update(task, description=f"{stage:10s} {message}"[:60], completed=step,
-                        total=max(total, 1))
+            bars.on_stage("demo", stage, step, total, message)
 
         result = reconstruct_file(sino_path, out / "demo.h5", cfg, overwrite=True,
                                   progress=progress)
     m = result.metrics
-    table = Table(title=f"Shepp–Logan {size}², {angles} angles, {noise:.0%} noise")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
     rows = [("PSNR FBP (dB)", f"{m['psnr_fbp']:.2f}"), ("PSNR ctuq (dB)", f"{m['psnr']:.2f}"),
             ("SSIM ctuq", f"{m['ssim']:.3f}"),
             ("test log-likelihood (nats/pixel)", f"{m['pixel_log_likelihood']:.3f}"),
@@ -103,15 +135,18 @@ def demo(out: Path = typer.Option(Path("demo_out"), "--out", help="Output folder
              + "   (ideal 68.3 / 95.4 / 99.7)"),
             ("Spearman(std, |error|)", f"{m['spearman_std_abs_error']:.3f}"),
             ("wall time (s)", f"{time.perf_counter() - t0:.1f}")]
+    table = Table(title=Text(f"Shepp–Logan {size}², {angles} angles, {noise:.0%} noise"))
+    table.add_column("metric")
+    table.add_column("value", justify="right")
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    out_console.print(table)
     result_figure(out / "demo.png", result, title=f"ctuq demo: Shepp–Logan {size}²")
-    console.print(f"wrote {out / 'demo.png'}, {out / 'demo.h5'} and {sino_path}")
+    note(f"wrote {out / 'demo.png'}, {out / 'demo.h5'} and {sino_path}")
 
 
 @app.command()
-def simulate(out: Path = typer.Argument(..., help="Output NXtomo file (.h5)."),
+def simulate(out: Path = typer.Argument(..., help="Output file: NXtomo (.nxs, .h5) or .npz."),
              phantom: str = typer.Option("shepp", help="shepp | ellipses | rectangles | digits"),
              size: int = typer.Option(64, help="Image side in pixels."),
              angles: int = typer.Option(60, help="Number of projection angles."),
@@ -119,59 +154,94 @@ def simulate(out: Path = typer.Argument(..., help="Output NXtomo file (.h5)."),
              geometry: str = typer.Option("parallel", help="parallel | fan"),
              seed: int = typer.Option(0, help="Seed of the phantom and the noise."),
              overwrite: bool = typer.Option(False, help="Replace an existing OUT.")):
-    """Simulate a sinogram and write it as NXtomo, keeping the ground truth."""
+    """Simulate a sinogram and write it with its ground truth (NXtomo or .npz)."""
     from ctuq.data.geometry import Geometry
     from ctuq.data.io import Sinogram, write_sinogram
+    from ctuq.data.io.npz_file import write_sinogram_npz
     from ctuq.data.operators import RayTransform
-    from ctuq.data.phantoms import make_phantom
+    from ctuq.data.phantoms import PHANTOMS, make_phantom
     from ctuq.data.simulate import simulate_sinogram
-    from ctuq.errors import InputError
 
+    fmt = SIMULATE_FORMATS.get(out.suffix.lower())
+    if fmt is None:
+        raise InputError(f"extension {out.suffix or '(none)'!r}: ctuq simulate writes NXtomo "
+                         "(.nxs, .h5, .hdf5) or NumPy .npz (the truth and the geometry need a "
+                         "container; .npy and TIFF cannot hold them)", field="OUT")
     if geometry not in ("parallel", "fan"):
         raise InputError(f"must be 'parallel' or 'fan', got {geometry!r}", field="--geometry")
+    if phantom not in PHANTOMS:
+        raise InputError(f"must be one of {', '.join(PHANTOMS)}, got {phantom!r}",
+                         field="--phantom")
+    for name, v, lo in (("--size", size, 4), ("--angles", angles, 1)):
+        if v < lo or v > 16384:
+            raise InputError(f"must be from {lo} to 16384, got {v}", field=name)
+    if not (0 <= noise < 10):
+        raise InputError(f"must be from 0 to 10, got {noise}", field="--noise")
     geom = (Geometry.parallel if geometry == "parallel" else Geometry.fan)(size, angles)
     truth = make_phantom(phantom, size, seed)
     y, sigma = simulate_sinogram(truth, RayTransform(geom), noise, seed=seed)
-    sino = Sinogram(y.cpu().numpy(), geom, ground_truth=truth,
-                    meta={"phantom": phantom, "noise_level": noise, "noise_std": sigma,
-                          "seed": seed})
-    path = write_sinogram(out, sino, overwrite=overwrite)
-    console.print(f"wrote {path}: {phantom} {size}², {geom.n_angles} angles "
-                  f"({geometry} beam), noise std {sigma:.4g}")
+    meta = {"phantom": phantom, "noise_level": noise, "seed": seed}
+    if sigma > 0:
+        meta["noise_std"] = sigma
+    sino = Sinogram(y.cpu().numpy(), geom, ground_truth=truth, meta=meta)
+    writer = write_sinogram if fmt == "nxtomo" else write_sinogram_npz
+    path = writer(out, sino, overwrite=overwrite)
+    note(f"wrote {path} ({'NXtomo' if fmt == 'nxtomo' else 'npz'}): {phantom} {size}², "
+         f"{geom.n_angles} angles ({geometry} beam), noise std {sigma:.4g}")
 
 
 @app.command()
-def info(path: Path = typer.Argument(..., help="A sinogram or result file.")):
-    """Summarise a sinogram or result file."""
+@with_settings("geometry", "read")
+def info(path: Path = typer.Argument(..., help="A sinogram or result file."),
+         config: Path = typer.Option(None, "--config", help="TOML settings file ([geometry], "
+                                                            "[read])."),
+         settings: dict = None):
+    """Summarise a sinogram or result file (read in a child process with a time limit)."""
     from ctuq.data.io import detect_format, read_result, read_sinogram
+    from ctuq.data.io.isolated import read_any_isolated
 
-    fmt = detect_format(path)
-    table = Table(title=f"{path} ({fmt})", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value")
-    if fmt == "result":
-        r = read_result(path)
-        table.add_row("reconstruction", f"{tuple(r.reconstruction.shape)} float32")
-        table.add_row("mean std", f"{float(r.std.mean()):.4g}")
-        if r.geometry is not None:
-            table.add_row("geometry", repr(r.geometry))
-        table.add_row("created", f"{r.created} by ctuq {r.version} on {r.device}")
-        table.add_row("input", f"{r.input_path} (sha256 {str(r.input_sha256)[:12]}…)")
-        table.add_row("seed", str(r.seed))
-        for k, v in r.hyperparameters.items():
-            table.add_row(f"hyperparameter {k}", _short(v))
-        if r.em_trace:
-            table.add_row("EM steps", str(len(r.em_trace)))
-        for k, v in r.metrics.items():
-            table.add_row(f"metric {k}", _short(v))
+    cfg = _build_config(config, settings)
+    ropts = cfg.read_options
+    kwargs = {**ropts.reader_kwargs(), **cfg.geometry}
+    if ropts.isolate:
+        fmt, obj = read_any_isolated(path, timeout=ropts.read_timeout, **kwargs)
     else:
-        s = read_sinogram(path)
-        table.add_row("sinogram", f"{tuple(s.data.shape)} float32")
-        table.add_row("geometry", repr(s.geometry))
-        table.add_row("ground truth", "yes" if s.ground_truth is not None else "no")
+        fmt = detect_format(path)
+        obj = read_result(path) if fmt == "result" else read_sinogram(path, **kwargs)
+    rows = []
+    if fmt == "result":
+        r = obj
+        for name in ("reconstruction", "std", "fbp", "ground_truth"):
+            v = getattr(r, name)
+            if v is not None:
+                rows.append((name, f"{tuple(v.shape)} float32" + (f" [{r.units}]" if r.units
+                                                                  else "")))
+        if r.std is not None:
+            rows.append(("mean std", f"{float(r.std.mean()):.4g}"))
+        if r.geometry is not None:
+            rows.append(("geometry", repr(r.geometry)))
+        rows.append(("created", f"{r.created} by ctuq {r.version} on {r.device}"))
+        rows.append(("input", f"{r.input_path} (sha256 {str(r.input_sha256)[:12]}…)"))
+        rows.append(("seed", str(r.seed)))
+        prov = r.provenance or {}
+        if prov.get("versions"):
+            rows.append(("libraries", ", ".join(f"{k} {v}" for k, v in prov["versions"].items())))
+        if "threads" in prov:
+            rows.append(("threads", str(prov["threads"])))
+        for k, v in r.hyperparameters.items():
+            rows.append((f"hyperparameter {k}", _short(v)))
+        if r.em_trace:
+            rows.append(("EM steps", str(len(r.em_trace))))
+        for k, v in r.metrics.items():
+            rows.append((f"metric {k}", _short(v)))
+    else:
+        s = obj
+        rows.append(("sinogram", f"{tuple(s.data.shape)} float32"))
+        rows.append(("geometry", repr(s.geometry)))
+        rows.append(("ground truth", "yes" if s.ground_truth is not None else "no"))
         for k, v in s.meta.items():
-            table.add_row(k, _short(v))
-    Console().print(table)
+            rows.append((k, _short(v)))
+    kv_table(f"{path} ({fmt})", rows)
 
 
 @app.command()
@@ -182,59 +252,69 @@ def gui(path: Path = typer.Argument(None, help="A sinogram or result file to ope
     run_gui(path)
 
 
-def _build_config(config_file, preset, device, seed):
-    from ctuq.recon.config import ReconstructionConfig
-
-    cfg = ReconstructionConfig.from_toml(config_file) if config_file else ReconstructionConfig()
-    changes = {k: v for k, v in (("preset", preset), ("device", device), ("seed", seed))
-               if v is not None}
-    return cfg.merged(changes) if changes else cfg
-
-
 @app.command()
+@with_settings("geometry", "read")
 def reconstruct(inputs: list[Path] = typer.Argument(..., help="Sinogram files."),
                 out: Path = typer.Option(..., "--out", help="Output folder."),
                 config: Path = typer.Option(None, "--config", help="TOML settings file."),
-                preset: str = typer.Option(None, help="auto | reference-28 | dip-64 | dip-128 | dip-256"),
-                device: str = typer.Option(None, help="auto | cpu | cuda"),
+                preset: str = typer.Option(None, help="auto | reference-28 | dip-64 | dip-128 | "
+                                                      "dip-256"),
+                device: str = typer.Option(None, help="auto | cpu | cuda | cuda:N"),
                 seed: int = typer.Option(None, help="Seed of every random draw."),
+                threads: int = typer.Option(None, help="torch CPU threads per reconstruction "
+                                                       "(default: all cores serially, 1 per "
+                                                       "Dask worker)."),
                 workers: int = typer.Option(None, help="Local Dask worker processes."),
                 scheduler: str = typer.Option(None, help="Address of a running Dask scheduler."),
-                overwrite: bool = typer.Option(False, help="Recompute complete outputs."),
-                preview: bool = typer.Option(False, help="Also write a PNG figure per result.")):
+                overwrite: bool = typer.Option(False, help="Recompute existing outputs."),
+                preview: bool = typer.Option(False, help="Also write a PNG figure per result."),
+                summary_json: Path = typer.Option(None, "--summary-json",
+                                                  help="Write the outcomes as JSON ('-': "
+                                                       "standard output)."),
+                settings: dict = None):
     """Reconstruct sinogram files with uncertainty: one result file each, resumable."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from ctuq.app.batch import new_run_id, run_batch
 
-    from ctuq.app.batch import run_batch
-
-    cfg = _build_config(config, preset, device, seed)
-    outcomes = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=False) as bars:
-        batch = bars.add_task("inputs", total=len(inputs))
-        stage = bars.add_task("stage", total=1, visible=False)
-
+    cfg = _build_config(config, settings, preset=preset, device=device, seed=seed,
+                        threads=threads)
+    _check_out_dir(out)
+    if workers is not None and workers < 1:
+        raise InputError(f"must be >= 1, got {workers}", field="--workers")
+    run_id = new_run_id()
+    with BatchBars(len(inputs)) as bars:
         def on_progress(inp, name, step, total, message=""):
-            bars.update(stage, description=f"{Path(inp).name}: {name} {message}"[:70],
-                        completed=step, total=max(total, 1), visible=True)
+            bars.on_stage(Path(inp).name, name, step, total, message)
 
         def on_outcome(o):
-            outcomes.append(o)
-            bars.advance(batch)
+            bars.advance()
             if preview and o.status == "done":
-                from ctuq.app.figures import result_figure
-                from ctuq.data.io import read_result
-
-                result_figure(Path(o.output).with_suffix("").with_suffix(".png"),
-                              read_result(o.output), title=Path(o.input).name)
+                _write_preview(o)
 
         results = run_batch(inputs, out, cfg.to_dict(), overwrite=overwrite, workers=workers,
-                            scheduler=scheduler, on_progress=on_progress, on_outcome=on_outcome)
-    _summary_table(results)
+                            scheduler=scheduler, on_progress=on_progress, on_outcome=on_outcome,
+                            run_id=run_id, quiet_dask=not _state["verbose"])
+    summary_table(results)
+    if summary_json is not None:
+        write_summary_json(summary_json, results, run_id=run_id)
     failed = [o for o in results if o.status == "failed"]
     if failed:
-        console.print(f"[bold red]{len(failed)} of {len(results)} inputs failed[/]")
+        err_console.print(Text(f"{len(failed)} of {len(results)} inputs failed",
+                               style="bold red"))
         raise typer.Exit(1)
+
+
+def _write_preview(o) -> None:
+    """The PNG next to a result; a failure is a note on the row, not the end of the batch."""
+    from ctuq.app.figures import result_figure
+    from ctuq.data.io import read_result
+
+    png = Path(o.output).with_suffix("").with_suffix(".png")
+    try:
+        if png.exists() and not png.is_file():
+            raise OSError(f"{png} exists and is not a file")
+        result_figure(png, read_result(o.output), title=Path(o.input).name)
+    except (OSError, CtuqError, ValueError) as err:
+        o.note = f"preview not written: {err}"
 
 
 @app.command("bench-classify")
@@ -339,30 +419,13 @@ def bench_classify(
         table.add_row(name, *[f"{m[key]['mean'] * sc:.{dg}f}"
                               + (f" ± {m[key]['std'] * sc:.{dg}f}" if several else "")
                               for _, key, sc, dg in cols])
-    Console().print(table)
+    out_console.print(table)
     for name, why in results[0].skipped.items():
-        console.print(f"[yellow]skipped {name}[/]: {why}")
+        console.print(Text.assemble((f"skipped {name}", "yellow"), f": {why}"))
     save_benchmark_figures(out, classify_bench.pooled_reliability(results),
                            classify_bench.rotation_rows(agg), title=f"{dataset}, {model}")
     console.print(f"wrote {out / 'bench_classify.json'}, {out / 'reliability.png'} and "
                   f"{out / 'rotation.png'}")
-
-
-def _summary_table(outcomes) -> None:
-    table = Table(title="ctuq reconstruct")
-    for col in ("file", "status", "time (s)", "PSNR (dB)", "±2σ coverage", "mean std", "note"):
-        table.add_column(col, justify="right" if col not in ("file", "status", "note") else "left")
-    colours = {"done": "green", "skipped": "cyan", "failed": "red"}
-    for o in outcomes:
-        m = o.metrics or {}
-        psnr, cov = m.get("psnr"), m.get("coverage_2sigma")
-        table.add_row(Path(o.input).name, f"[{colours[o.status]}]{o.status}[/]",
-                      f"{o.seconds:.1f}" if o.seconds else "",
-                      f"{psnr:.2f}" if psnr is not None else "",
-                      f"{100 * cov:.1f} %" if cov is not None else "",
-                      f"{o.mean_std:.4g}" if o.mean_std is not None else "",
-                      o.error or "")
-    Console().print(table)
 
 
 def _short(value) -> str:
@@ -375,28 +438,61 @@ def _short(value) -> str:
     return str(value)
 
 
+def _click_exceptions():
+    try:  # typer >= 0.17 vendors click as typer._click
+        from typer._click import exceptions as e
+    except ImportError:  # pragma: no cover - older typer on real click
+        from click import exceptions as e
+    return e
+
+
 def main(argv=None) -> int:
-    """Console-script entry point: user errors become one line and exit code 2."""
+    """Console-script entry point.
+
+    Returns
+    -------
+    int
+        0 success; 1 some inputs failed, or an internal error; 2 a usage
+        error, a bad value or an unusable file; 130 interrupted.
+    """
+    e = _click_exceptions()
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
     try:
-        # without standalone mode click returns typer.Exit's code instead of raising it
-        rc = app(args=argv, standalone_mode=False)
+        # without standalone mode typer returns Exit's code instead of raising it
+        rc = app(args=args, standalone_mode=False, prog_name="ctuq")
     except CtuqError as err:
-        if _state["debug"]:
-            console.print_exception()
-        console.print(f"[bold red]error:[/] {err}")
+        if debug or _state["debug"]:
+            traceback.print_exc()
+        error_line(str(err))
         return 2
+    except KeyboardInterrupt:
+        error_line("interrupted", prefix="")
+        return 130
     except (typer.Exit, SystemExit) as exc:
         return int(getattr(exc, "exit_code", getattr(exc, "code", 0)) or 0)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]")
-        return 130
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    except typer.Abort:
+        error_line("aborted")
+        return 1
+    except e.NoArgsIsHelpError as exc:
+        ctx = getattr(exc, "ctx", None)
+        cmds = ", ".join(sorted(getattr(ctx.command, "commands", {}))) if ctx else ""
+        error_line(f"no command given{f' (one of: {cmds})' if cmds else ''}")
+        note(f"see '{ctx.command_path if ctx else 'ctuq'} --help'")
+        return 2
+    except e.ClickException as exc:
+        if debug:
+            traceback.print_exc()
+        error_line(exc.format_message())
+        ctx = getattr(exc, "ctx", None)
+        note(f"see '{ctx.command_path if ctx else 'ctuq'} --help'")
+        return int(getattr(exc, "exit_code", 2) or 2)
+    except Exception as exc:  # a bug: say so in one line, the traceback with --debug
+        if debug or _state["debug"]:
+            traceback.print_exc()
+        error_line(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the "
+                   "traceback and please report it)")
+        return 1
     return rc if isinstance(rc, int) else 0
 
 

@@ -72,9 +72,11 @@ def open_gui(path=None, *, show: bool = True):
     """
     check_display()
     if path is not None:
-        from ctuq.data.io import detect_format
+        from ctuq.data.io import detect_format_isolated
 
-        detect_format(path)  # a clear error now rather than a window without data
+        # a clear error now rather than a window without data (in a child process:
+        # a corrupt HDF5 file must not crash the command)
+        detect_format_isolated(path, timeout=120.0)
     import napari
 
     viewer = napari.Viewer(title="ctuq", show=show)

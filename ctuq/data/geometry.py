@@ -5,10 +5,15 @@ Angles are held in **radians**; files store **degrees** (see
 :meth:`Geometry.to_dict`). Lengths (pixel size, detector spacing, source and
 detector distances) share one unit, millimetres by convention.
 
-The image is centred on the rotation axis; array axis 0 of an image is the
-first coordinate axis of the reconstruction space (ODL's convention), so an
-image of shape ``(n0, n1)`` covers ``[-n0*p/2, n0*p/2] x [-n1*p/2, n1*p/2]``
-for a pixel size ``p``.
+Axis and angle convention (ASTRA's, which tomopy and NXtomo/DXchange data
+follow; ``docs/conventions.md``): an image array ``[row, column]`` is shown
+with row 0 at the top; ``x`` grows with the column, ``y`` grows *upwards*
+(against the row index), and the image is centred on the rotation axis
+(unless ``image_offset`` says otherwise). At angle ``θ`` a point ``(x, y)``
+projects onto the detector coordinate ``u = x cos θ + y sin θ``; detector
+pixel ``j`` of ``n`` sits at ``u = (j + 0.5 - n/2) · spacing`` (plus the
+centre-of-rotation offset). For fan beam the source sits at
+``R (sin θ, -cos θ)`` and the flat detector on the opposite side.
 """
 
 from __future__ import annotations
@@ -25,8 +30,27 @@ from ctuq.errors import InputError
 
 Beam = Literal["parallel", "fan"]
 
+#: Largest accepted |angle| (radians): a thousand turns. Larger values are not
+#: a real scan (an encoder in micro-degrees read as degrees, garbage) and make
+#: the projector's trigonometry meaningless.
+MAX_ABS_ANGLE = 2000 * math.pi
+
+
+def _check_finite(value, name: str) -> float:
+    if isinstance(value, bool):
+        raise InputError(f"must be a number, got {value!r}", field=name)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"must be a number, got {value!r}", field=name) from None
+    if not math.isfinite(value):
+        raise InputError(f"must be finite, got {value!r}", field=name)
+    return value
+
 
 def _check_positive(value, name: str) -> float:
+    if isinstance(value, bool):
+        raise InputError(f"must be a number, got {value!r}", field=name)
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -61,6 +85,16 @@ class Geometry:
     source_origin, origin_detector : float, optional
         Fan beam only: distances from the source to the rotation axis and
         from the rotation axis to the detector (mm).
+    center_offset : float, optional
+        Centre of rotation on the detector, in detector pixels: the rotation
+        axis projects onto pixel index ``(n_detector - 1) / 2 + center_offset``
+        (0-based pixel centres). tomopy's ``center`` is
+        ``n_detector / 2 + center_offset``. Default 0.
+    image_offset : (float, float), optional
+        Where the image centre lies relative to the rotation axis, in image
+        pixels along the array axes ``(rows down, columns right)``.
+        scikit-image's ``radon`` rotates an even-sized image about pixel
+        ``(n//2, n//2)``, i.e. ``image_offset = (-0.5, -0.5)``. Default (0, 0).
 
     Raises
     ------
@@ -85,6 +119,8 @@ class Geometry:
     beam: Beam = "parallel"
     source_origin: float | None = None
     origin_detector: float | None = None
+    center_offset: float = 0.0
+    image_offset: tuple[float, float] = (0.0, 0.0)
     _fingerprint: str = field(default="", init=False, repr=False)
 
     def __post_init__(self):
@@ -111,6 +147,10 @@ class Geometry:
             raise InputError("contains NaN or infinite values", field="angles")
         if np.unique(angles).size != angles.size:
             raise InputError("contains repeated angles", field="angles")
+        if np.abs(angles).max() > MAX_ABS_ANGLE:
+            raise InputError(f"|angle| up to {np.abs(angles).max():.3g} rad: more than "
+                             f"{MAX_ABS_ANGLE / (2 * math.pi):.0f} turns; not a real scan "
+                             "(wrong unit?)", field="angles")
         angles.setflags(write=False)
         object.__setattr__(self, "angles", angles)
 
@@ -156,15 +196,29 @@ class Geometry:
             spacing = self.pixel_size * self.magnification
         object.__setattr__(self, "detector_spacing",
                            _check_positive(spacing, "detector_spacing"))
+        object.__setattr__(self, "center_offset", _check_finite(self.center_offset,
+                                                                "center_offset"))
+        offset = self.image_offset
+        if offset is None or np.isscalar(offset) or len(offset) != 2:
+            raise InputError(f"must be two numbers (rows, columns), got {offset!r}",
+                             field="image_offset")
+        offset = tuple(_check_finite(v, "image_offset") for v in offset)
+        object.__setattr__(self, "image_offset", offset)
 
-        # The detector must at least see the disc inscribed in the image,
-        # otherwise every reconstruction is an interior problem.
-        needed = self._detector_width_for_radius(0.5 * min(shape) * self.pixel_size)
-        if self.detector_width < needed * (1 - 1e-9):
+        # The detector must at least see the disc inscribed in the image (to
+        # within 1.5 detector pixels on each side: scikit-image's circle=True
+        # sinograms of even images fall 1.2 pixels short), otherwise every
+        # reconstruction is an interior problem.
+        radius = 0.5 * min(shape) * self.pixel_size + math.hypot(*offset) * self.pixel_size
+        needed = self._detector_width_for_radius(radius)
+        usable = (self.detector_width - 2 * abs(self.center_offset) * self.detector_spacing
+                  + 3 * self.detector_spacing)
+        if usable < needed * (1 - 1e-9):
+            shifted = " once shifted by center_offset" if self.center_offset else ""
             raise InputError(
                 f"detector too small: {n_det} x {self.detector_spacing:g} mm = "
-                f"{self.detector_width:g} mm cannot cover the image's inscribed disc "
-                f"({needed:g} mm needed)", field="n_detector")
+                f"{self.detector_width:g} mm cannot cover the image's inscribed disc"
+                f"{shifted} ({needed:g} mm needed)", field="n_detector")
         object.__setattr__(self, "_fingerprint", self._compute_fingerprint())
 
     # -- constructors -----------------------------------------------------
@@ -172,7 +226,7 @@ class Geometry:
     def parallel(cls, image_size, n_angles: int | None = None, *, angles=None,
                  n_detector: int | None = None, pixel_size: float = 1.0,
                  detector_spacing: float | None = None,
-                 angle_range: float = math.pi) -> "Geometry":
+                 angle_range: float = math.pi, center_offset: float = 0.0) -> "Geometry":
         """Parallel-beam geometry with equispaced angles over ``angle_range``.
 
         Parameters
@@ -192,21 +246,25 @@ class Geometry:
             See :class:`Geometry`.
         angle_range : float, optional
             Default pi (radians).
+        center_offset : float, optional
+            See :class:`Geometry`.
         """
         shape = _as_shape(image_size)
         angles = _make_angles(n_angles, angles, angle_range)
         spacing = pixel_size if detector_spacing is None else detector_spacing
         if n_detector is None:
             n_detector = int(math.ceil(math.sqrt(2) * max(shape) * _check_positive(
-                pixel_size, "pixel_size") / _check_positive(spacing, "detector_spacing") - 1e-9))
-        return cls(shape, angles, n_detector, pixel_size, spacing, "parallel")
+                pixel_size, "pixel_size") / _check_positive(spacing, "detector_spacing")
+                + 2 * abs(_check_finite(center_offset, "center_offset")) - 1e-9))
+        return cls(shape, angles, n_detector, pixel_size, spacing, "parallel",
+                   center_offset=center_offset)
 
     @classmethod
     def fan(cls, image_size, n_angles: int | None = None, *, angles=None,
             source_origin: float | None = None, origin_detector: float | None = None,
             n_detector: int | None = None, pixel_size: float = 1.0,
             detector_spacing: float | None = None,
-            angle_range: float = 2 * math.pi) -> "Geometry":
+            angle_range: float = 2 * math.pi, center_offset: float = 0.0) -> "Geometry":
         """Fan-beam geometry with a flat detector.
 
         Parameters
@@ -230,8 +288,10 @@ class Geometry:
         if n_detector is None:
             probe = cls(shape, angles, 10**7, pixel_size, detector_spacing, "fan", src, det)
             width = probe._detector_width_for_radius(radius)
-            n_detector = int(math.ceil(width / probe.detector_spacing - 1e-9))
-        return cls(shape, angles, n_detector, pixel_size, detector_spacing, "fan", src, det)
+            n_detector = int(math.ceil(width / probe.detector_spacing - 1e-9
+                                       + 2 * abs(_check_finite(center_offset, "center_offset"))))
+        return cls(shape, angles, n_detector, pixel_size, detector_spacing, "fan", src, det,
+                   center_offset=center_offset)
 
     # -- derived quantities ----------------------------------------------
     @property
@@ -284,7 +344,10 @@ class Geometry:
             "n_detector": self.n_detector,
             "detector_spacing": self.detector_spacing,
             "angles_deg": [float(a) for a in self.angles_deg],
+            "center_offset": self.center_offset,
         }
+        if any(self.image_offset):
+            out["image_offset"] = list(self.image_offset)
         if self.beam == "fan":
             out["source_origin"] = self.source_origin
             out["origin_detector"] = self.origin_detector
@@ -297,7 +360,8 @@ class Geometry:
         if missing:
             raise InputError("missing from the geometry description", field=missing[0])
         known = {"beam", "image_shape", "pixel_size", "n_detector", "detector_spacing",
-                 "angles_deg", "source_origin", "origin_detector"}
+                 "angles_deg", "source_origin", "origin_detector", "center_offset",
+                 "image_offset"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise InputError("unknown geometry field", field=unknown[0])
@@ -310,6 +374,8 @@ class Geometry:
             beam=d.get("beam", "parallel"),
             source_origin=d.get("source_origin"),
             origin_detector=d.get("origin_detector"),
+            center_offset=d.get("center_offset", 0.0),
+            image_offset=tuple(d.get("image_offset", (0.0, 0.0))),
         )
 
     def _scalar_fields(self) -> str:
@@ -340,6 +406,10 @@ class Geometry:
     def __repr__(self) -> str:
         extra = (f", source_origin={self.source_origin:g}, origin_detector="
                  f"{self.origin_detector:g}" if self.beam == "fan" else "")
+        if self.center_offset:
+            extra += f", center_offset={self.center_offset:g}"
+        if any(self.image_offset):
+            extra += f", image_offset=({self.image_offset[0]:g}, {self.image_offset[1]:g})"
         return (f"Geometry(beam={self.beam!r}, image_shape={self.image_shape}, "
                 f"n_angles={self.n_angles}, n_detector={self.n_detector}, "
                 f"pixel_size={self.pixel_size:g}, detector_spacing="

@@ -28,6 +28,17 @@ Backends
 Both backends use ASTRA's ``linear`` projector for parallel beam and
 ``line_fanflat`` for fan beam (ODL's defaults), so they agree to float32
 round-off. FBP is ODL's ``fbp_op`` (Hann filter by default).
+
+Convention: images and sinograms are in ctuq's (= ASTRA's) convention, see
+:mod:`ctuq.data.geometry` and ``docs/conventions.md``. ODL's first image
+axis is ``x`` and its second ``y``, so an image goes to ODL as
+``np.rot90(image, -1)`` (shape ``(n1, n0)``) and comes back with
+``np.rot90(odl_image, 1)``; ODL's angle partition must increase, so the
+sinogram rows are sorted by angle on the way in and put back in the
+geometry's order on the way out. Both are exact permutations (the system
+matrix is permuted once when it is built). Measured against ASTRA's own
+``create_sino`` (parallel ``linear`` and ``line_fanflat``): equal to float32
+round-off (tests/test_conventions.py).
 """
 
 from __future__ import annotations
@@ -47,21 +58,46 @@ from ctuq.errors import InputError
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "matrix", "astra")
+#: Bumped whenever the meaning of a cached matrix changes (2: ASTRA's image axes).
+_MATRIX_LAYOUT = 2
 DEFAULT_MAX_MATRIX_BYTES = 2 * 1024**3
 
 
 # --------------------------------------------------------------------------
 # ODL / ASTRA set-up
 # --------------------------------------------------------------------------
+def angle_order(geometry: Geometry) -> np.ndarray | None:
+    """Indices that sort the geometry's angles increasingly (None when already sorted)."""
+    order = np.argsort(geometry.angles, kind="stable")
+    return None if np.array_equal(order, np.arange(order.size)) else order
+
+
+def to_odl_image(image: np.ndarray) -> np.ndarray:
+    """``[..., row, column]`` (ctuq/ASTRA) -> ``[..., x, y]`` (ODL's axes)."""
+    return np.rot90(image, -1, axes=(-2, -1))
+
+
+def from_odl_image(image: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`to_odl_image`."""
+    return np.rot90(image, 1, axes=(-2, -1))
+
+
 def odl_space_and_geometry(geometry: Geometry):
-    """The ODL reconstruction space and ODL geometry of a :class:`Geometry`."""
+    """The ODL reconstruction space and ODL geometry of a :class:`Geometry`.
+
+    The space has shape ``(n1, n0)`` (see :func:`to_odl_image`) and the angle
+    partition holds the angles sorted increasingly (see :func:`angle_order`).
+    """
     import odl
     from odl.applications import tomo
 
-    e0, e1 = geometry.image_extent
-    space = odl.uniform_discr([-e0 / 2, -e1 / 2], [e0 / 2, e1 / 2], geometry.image_shape,
-                              dtype="float32")
-    angles = geometry.angles
+    n0, n1 = geometry.image_shape
+    p = geometry.pixel_size
+    drow, dcol = geometry.image_offset
+    cx, cy = dcol * p, -drow * p   # image centre; y grows upwards, against the rows
+    space = odl.uniform_discr([cx - n1 * p / 2, cy - n0 * p / 2],
+                              [cx + n1 * p / 2, cy + n0 * p / 2], (n1, n0), dtype="float32")
+    angles = np.sort(geometry.angles)
     steps = np.diff(angles)
     if angles.size > 1 and np.allclose(steps, steps[0], rtol=1e-9, atol=1e-12):
         step = steps[0]
@@ -69,14 +105,22 @@ def odl_space_and_geometry(geometry: Geometry):
     elif angles.size == 1:
         apart = odl.uniform_partition(angles[0] - 0.5, angles[0] + 0.5, 1)
     else:
-        apart = odl.nonuniform_partition(np.sort(angles)) if np.all(steps > 0) else None
-        if apart is None:
-            raise InputError("angles must be sorted increasingly when not equispaced",
-                             field="angles")
+        apart = odl.nonuniform_partition(angles)
     half = geometry.detector_width / 2
-    dpart = odl.uniform_partition(-half, half, geometry.n_detector)
+    # the rotation axis projects center_offset pixels from the detector centre
+    shift = geometry.center_offset * geometry.detector_spacing
+    dpart = odl.uniform_partition(-half - shift, half - shift, geometry.n_detector)
     if geometry.beam == "parallel":
         odl_geom = tomo.Parallel2dGeometry(apart, dpart)
+        if geometry.center_offset:
+            # ODL's CPU path hands ASTRA a plain 'parallel' geometry and drops the
+            # detector shift (its CUDA path keeps it); give it the shifted one
+            import astra
+            from odl.applications.tomo.backends.astra_setup import astra_projection_geometry
+
+            plain = astra_projection_geometry(odl_geom, "cpu")
+            odl_geom.implementation_cache["astra_cpu"] = astra.geom_postalignment(
+                plain, -geometry.center_offset)
     else:
         odl_geom = tomo.FanBeamGeometry(apart, dpart, src_radius=geometry.source_origin,
                                         det_radius=geometry.origin_detector)
@@ -100,6 +144,19 @@ def _astra_matrix(geometry: Geometry):
     finally:
         astra.matrix.delete(mat_id)
         astra.projector.delete(proj_id)
+    # ODL's columns are [x, y] images, its rows sorted angles: permute both into
+    # ctuq's image C order and the geometry's angle order
+    n0, n1 = geometry.image_shape
+    # at each ODL position, the ctuq pixel it holds: ODL column -> ctuq column
+    cols = np.ascontiguousarray(to_odl_image(np.arange(n0 * n1).reshape(n0, n1))).reshape(-1)
+    mat.indices = cols[mat.indices].astype(mat.indices.dtype)
+    mat.has_sorted_indices = False
+    order = angle_order(geometry)
+    if order is not None:
+        n_det = geometry.n_detector
+        rows = (np.argsort(order)[:, None] * n_det + np.arange(n_det)).reshape(-1)
+        mat = mat[rows]
+    mat.sort_indices()
     mat.sum_duplicates()
     mat.eliminate_zeros()
     return mat
@@ -128,7 +185,8 @@ def system_matrix(geometry: Geometry, use_cache: bool = True):
     import astra
     import scipy.sparse as sp
 
-    path = cache_dir() / "matrices" / f"{geometry.fingerprint[:32]}-astra{astra.__version__}.npz"
+    path = (cache_dir() / "matrices"
+            / f"{geometry.fingerprint[:32]}-astra{astra.__version__}-v{_MATRIX_LAYOUT}.npz")
     if use_cache and path.exists():
         try:
             mat = sp.load_npz(path).tocsr()
@@ -341,12 +399,22 @@ class RayTransform(torch.nn.Module):
             self._odl = (ray, scale)
         return self._odl
 
+    def _rows_from_odl(self, y: np.ndarray) -> np.ndarray:
+        order = angle_order(self.geometry)
+        return y if order is None else y[..., np.argsort(order), :]
+
+    def _rows_to_odl(self, y: np.ndarray) -> np.ndarray:
+        order = angle_order(self.geometry)
+        return y if order is None else y[..., order, :]
+
     def _odl_forward(self, x: np.ndarray) -> np.ndarray:
-        return self._odl_ops()[0](x).asarray()
+        out = self._odl_ops()[0](np.ascontiguousarray(to_odl_image(x))).asarray()
+        return self._rows_from_odl(out)
 
     def _odl_adjoint(self, y: np.ndarray) -> np.ndarray:
         ray, scale = self._odl_ops()
-        return ray.adjoint(y).asarray() * scale
+        out = ray.adjoint(np.ascontiguousarray(self._rows_to_odl(y))).asarray() * scale
+        return np.ascontiguousarray(from_odl_image(out))
 
     def _odl_flat_maps(self):
         """Forward and adjoint as maps between flat numpy vectors."""
@@ -430,7 +498,8 @@ class RayTransform(torch.nn.Module):
         ray, _ = self._odl_ops()
         fbp = tomo.fbp_op(ray, filter_type=filter_type, frequency_scaling=frequency_scaling)
         flat = y.detach().reshape(-1, *self.range_shape).cpu().numpy()
-        out = np.stack([fbp(s).asarray() for s in flat]).astype(np.float32)
+        out = np.stack([from_odl_image(fbp(np.ascontiguousarray(self._rows_to_odl(s))).asarray())
+                        for s in flat]).astype(np.float32)
         return torch.from_numpy(out).to(y.device).reshape(*y.shape[:-2], *self.domain_shape)
 
     def A_dagger(self, y: torch.Tensor) -> torch.Tensor:

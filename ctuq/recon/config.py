@@ -12,6 +12,7 @@ TOML layout (every key optional)::
     seed = 0
     backend = "auto"         # ray transform: auto | matrix | astra
     noise_std = 0.12         # known noise std (else: file metadata, else estimated)
+    threads = 1              # torch CPU threads (default: all cores; Dask workers: 1)
 
     [dip]                    # any DIPConfig field
     iterations = 2000
@@ -21,24 +22,47 @@ TOML layout (every key optional)::
     n_samples = 16
     em_steps = 5
     predcp = true
+
+    [geometry]               # any GeometryOptions field (ctuq.data.io.options)
+    image_size = 128
+    angle_unit = "rad"
+
+    [read]                   # any ReadOptions field
+    dataset = "/exchange/data"
+
+Every value is checked by :mod:`ctuq.fields` (types, finiteness, ranges,
+choices, devices that exist); an error names the key (``dip.iterations``)
+and, for a file, the file.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ctuq.data.io.options import GeometryOptions, ReadOptions
 from ctuq.errors import InputError
+from ctuq.fields import build, setting, validate
 from ctuq.models.unet import PRESETS, preset_name_for_size
-from ctuq.recon.dip import DIPConfig
+from ctuq.recon.dip import DIPConfig, check_device
 
 try:  # Python 3.11+
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
+
+#: Largest TOML settings file read (bytes).
+MAX_TOML_BYTES = 1024**2
+#: The tables of a ReconstructionConfig (merged key by key).
+TABLES = ("dip", "uncertainty", "geometry", "read")
+#: Settings that change where and how fast a reconstruction runs, not its meaning.
+RUNTIME_ONLY = ("device", "threads")
+RUNTIME_ONLY_READ = ("isolate", "read_timeout", "max_memory_gib")
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 @dataclass(frozen=True)
@@ -85,43 +109,37 @@ class UncertaintyConfig:
         64² and larger raise it, see :data:`UNCERTAINTY_DEFAULTS`).
     """
 
-    prior: str = "gprior"
-    sampler: str = "cg"
-    n_samples: int = 16
-    em_steps: int = 6
-    em_tol: float = 0.02
-    update: str = "mackay"
-    learn_noise: bool | None = None
-    predcp: bool = True
-    predcp_scale: float = 1.0
-    predcp_samples: int = 32
-    predictive_samples: int = 128
-    stored_samples: int = 8
-    cg_tol: float = 1e-3
-    cg_max_iter: int = 200
-    preconditioner_rank: int = 100
+    prior: str = setting("gprior", kind=str, choices=("matern", "ard", "gprior"),
+                         doc="Block prior: matern, ard or gprior.")
+    sampler: str = setting("cg", kind=str, choices=("cg", "sto"),
+                           doc="Posterior sampler: cg (Matheron) or sto.")
+    n_samples: int = setting(16, kind=int, minimum=1, maximum=10_000,
+                             doc="Posterior samples per EM step.")
+    em_steps: int = setting(6, kind=int, minimum=1, maximum=1000, doc="Maximum EM steps.")
+    em_tol: float = setting(0.02, kind=float, minimum=0, maximum=1e6,
+                            doc="Stop when every log-hyperparameter moves less.")
+    update: str = setting("mackay", kind=str, choices=("mackay", "em"),
+                          doc="M-step of the per-block variances.")
+    learn_noise: bool | None = setting(None, kind=bool,
+                                       doc="Update the noise variance (default: when unknown).")
+    predcp: bool = setting(True, kind=bool, doc="TV-PredCP hyperprior.")
+    predcp_scale: float = setting(1.0, kind=float, minimum=0, maximum=1e6,
+                                  doc="Weight of the TV-PredCP hyperprior.")
+    predcp_samples: int = setting(32, kind=int, minimum=1, maximum=10_000,
+                                  doc="Samples of the PredCP estimator.")
+    predictive_samples: int = setting(128, kind=int, minimum=1, maximum=100_000,
+                                      doc="Image samples for the std map.")
+    stored_samples: int = setting(8, kind=int, minimum=0, maximum=100_000,
+                                  doc="Posterior samples kept in the result file.")
+    cg_tol: float = setting(1e-3, kind=float, minimum=0, maximum=1.0,
+                            doc="Relative residual of the CG solves.")
+    cg_max_iter: int = setting(200, kind=int, minimum=1, maximum=100_000,
+                               doc="CG iteration cap.")
+    preconditioner_rank: int = setting(100, kind=int, minimum=1, maximum=100_000,
+                                       doc="Rank of the Nystrom preconditioner.")
 
     def __post_init__(self):
-        choices = {"prior": ("matern", "ard", "gprior"), "sampler": ("cg", "sto"),
-                   "update": ("mackay", "em")}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise InputError(f"must be one of {', '.join(allowed)}, got "
-                                 f"{getattr(self, name)!r}", field=f"uncertainty.{name}")
-        for name in ("n_samples", "em_steps", "predcp_samples", "predictive_samples",
-                     "cg_max_iter", "preconditioner_rank"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise InputError(f"must be an integer >= 1, got {v!r}",
-                                 field=f"uncertainty.{name}")
-        if not isinstance(self.stored_samples, int) or self.stored_samples < 0:
-            raise InputError(f"must be an integer >= 0, got {self.stored_samples!r}",
-                             field="uncertainty.stored_samples")
-        for name in ("em_tol", "predcp_scale", "cg_tol"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise InputError(f"must be a number >= 0, got {v!r}",
-                                 field=f"uncertainty.{name}")
+        validate(self, prefix="uncertainty")
 
 
 #: Uncertainty defaults per U-net preset (sizes grow, samples shrink). The
@@ -172,52 +190,50 @@ class ReconstructionConfig:
         Overrides of :class:`UncertaintyConfig` fields.
     """
 
-    preset: str = "auto"
-    device: str = "auto"
-    seed: int = 0
-    backend: str = "auto"
-    noise_std: float | None = None
-    dip: dict = field(default_factory=dict)
-    uncertainty: dict = field(default_factory=dict)
+    preset: str = setting("auto", kind=str, choices=("auto", *sorted(PRESETS)),
+                          doc="U-net preset, or auto (by image size).")
+    device: str = setting("auto", kind=str, check=check_device,
+                          doc="auto, cpu, cuda or cuda:N (must exist on this machine).")
+    seed: int = setting(0, kind=int, minimum=0, maximum=2**63 - 1,
+                        doc="Seed of every random draw.")
+    backend: str = setting("auto", kind=str, choices=("auto", "matrix", "astra"),
+                           doc="Ray-transform backend.")
+    noise_std: float | None = setting(None, kind=float, greater_than=0, maximum=1e30,
+                                      doc="Known noise std of the sinogram.")
+    threads: int | None = setting(None, kind=int, minimum=1, maximum=4096,
+                                  doc="torch CPU threads (default: all cores; a Dask worker "
+                                      "gets 1). Equal counts give bit-identical results.")
+    dip: dict = setting(default_factory=dict, kind=dict, doc="Overrides of DIPConfig fields.")
+    uncertainty: dict = setting(default_factory=dict, kind=dict,
+                                doc="Overrides of UncertaintyConfig fields.")
+    geometry: dict = setting(default_factory=dict, kind=dict,
+                             doc="Geometry options (ctuq.data.io.options.GeometryOptions).")
+    read: dict = setting(default_factory=dict, kind=dict,
+                         doc="Read options (ctuq.data.io.options.ReadOptions).")
 
     def __post_init__(self):
-        if self.preset != "auto" and self.preset not in PRESETS:
-            raise InputError(f"unknown preset {self.preset!r}; choose auto or one of "
-                             f"{', '.join(sorted(PRESETS))}", field="preset")
-        if self.backend not in ("auto", "matrix", "astra"):
-            raise InputError(f"must be auto, matrix or astra, got {self.backend!r}",
-                             field="backend")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise InputError(f"must be an integer, got {self.seed!r}", field="seed")
-        if self.noise_std is not None and not (
-                isinstance(self.noise_std, (int, float)) and self.noise_std > 0):
-            raise InputError(f"must be > 0, got {self.noise_std!r}", field="noise_std")
-        for name, cls in (("dip", DIPConfig), ("uncertainty", UncertaintyConfig)):
-            overrides = getattr(self, name)
-            if not isinstance(overrides, dict):
-                raise InputError("must be a table of settings", field=name)
-            known = {f.name for f in dataclasses.fields(cls)}
-            unknown = sorted(set(overrides) - known)
-            if unknown:
-                raise InputError(f"unknown setting; known: {', '.join(sorted(known))}",
-                                 field=f"{name}.{unknown[0]}")
-            try:  # check the values now, so that errors name the config file
-                cls(**overrides)
-            except TypeError as err:
-                raise InputError(str(err), field=name) from None
-            except InputError as err:
-                field_name = err.field if "." in str(err.field) else f"{name}.{err.field}"
-                raise InputError(err.message, field=field_name) from None
+        validate(self)
+        for name, cls in (("dip", DIPConfig), ("uncertainty", UncertaintyConfig),
+                          ("geometry", GeometryOptions), ("read", ReadOptions)):
+            given = getattr(self, name)
+            checked = build(cls, given, prefix=name)  # check the values now
+            # keep the overrides as given, in their checked plain form (JSON-able)
+            object.__setattr__(self, name, {
+                k: (given[k] if k == "unet" else _plain(getattr(checked, k))) for k in given})
+
+    @property
+    def geometry_options(self) -> GeometryOptions:
+        return GeometryOptions.from_dict(self.geometry)
+
+    @property
+    def read_options(self) -> ReadOptions:
+        return ReadOptions.from_dict(self.read)
 
     # -- construction -----------------------------------------------------
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ReconstructionConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InputError(f"unknown setting; known: {', '.join(sorted(known))}",
-                             field=unknown[0])
-        return cls(**d)
+        """From a plain dict (a TOML document); unknown keys and bad values name the key."""
+        return build(cls, d)
 
     @classmethod
     def from_toml(cls, path, base: "ReconstructionConfig | None" = None) -> "ReconstructionConfig":
@@ -225,12 +241,25 @@ class ReconstructionConfig:
         path = Path(path)
         try:
             with open(path, "rb") as f:
-                data = tomllib.load(f)
+                raw = f.read(MAX_TOML_BYTES + 1)
         except FileNotFoundError:
             raise InputError("no such config file", file=path, field="--config") from None
         except IsADirectoryError:
             raise InputError("is a directory, not a config file", file=path,
                              field="--config") from None
+        except OSError as err:
+            raise InputError(f"cannot read the config file ({err.strerror or err})", file=path,
+                             field="--config") from None
+        if len(raw) > MAX_TOML_BYTES:
+            raise InputError(f"is larger than {MAX_TOML_BYTES // 1024} KiB: not a settings file",
+                             file=path, field="--config")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"not a TOML text file: byte {err.start} is not UTF-8 (binary, or "
+                             "UTF-16? save it as UTF-8)", file=path, field="--config") from None
+        try:
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise InputError(f"not valid TOML: {err}", file=path, field="--config") from None
         try:
@@ -242,7 +271,7 @@ class ReconstructionConfig:
         """A copy with ``overrides`` applied (tables are merged key by key)."""
         d = self.to_dict()
         for key, value in overrides.items():
-            if key in ("dip", "uncertainty") and isinstance(value, dict):
+            if key in TABLES and isinstance(value, dict):
                 d[key] = {**d[key], **value}
             else:
                 d[key] = value
@@ -250,8 +279,19 @@ class ReconstructionConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"preset": self.preset, "device": self.device, "seed": self.seed,
-                "backend": self.backend, "noise_std": self.noise_std,
-                "dip": dict(self.dip), "uncertainty": dict(self.uncertainty)}
+                "backend": self.backend, "noise_std": self.noise_std, "threads": self.threads,
+                "dip": dict(self.dip), "uncertainty": dict(self.uncertainty),
+                "geometry": dict(self.geometry), "read": dict(self.read)}
+
+    def result_affecting(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the settings that do not change the numbers'
+        meaning (device, threads, how a file is read safely): what a resumed
+        batch compares with the settings stored in an existing result."""
+        d = self.to_dict()
+        for key in RUNTIME_ONLY:
+            d.pop(key, None)
+        d["read"] = {k: v for k, v in d["read"].items() if k not in RUNTIME_ONLY_READ}
+        return d
 
     # -- resolution for one image ------------------------------------------
     def preset_for(self, image_shape) -> str:

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from ctuq.errors import Cancelled, InputError
+from ctuq.fields import setting, validate
 from ctuq.models.unet import UNet, UNetConfig, build_unet, preset_name_for_size, unet_preset
 from ctuq.recon.baselines import total_variation
 from ctuq.progress import emit_progress
@@ -71,6 +72,30 @@ DEFAULTS: dict[str, dict] = {
     "dip-256": dict(iterations=1500, lr=1e-2, tv_weight_factor=1.0),
     "reference-large": dict(iterations=2000, lr=1e-4, tv_weight_factor=1.0),
 }
+
+
+def check_device(value: str) -> str:
+    """A device name that exists here: auto, cpu, cuda, cuda:N, mps (ValueError if not)."""
+    name = value.strip().lower()
+    if name in ("auto", "cpu"):
+        return name
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {value!r}; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{value!r} requested but CUDA is not available on this machine "
+                             "(use auto or cpu)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{value!r} requested but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
+        return name
+    if dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise ValueError(f"{value!r} requested but MPS is not available")
+        return name
+    raise ValueError(f"unsupported device {value!r}; use auto, cpu, cuda or cuda:N")
 
 
 @dataclass(frozen=True)
@@ -123,7 +148,8 @@ class DIPConfig:
         ``'auto'`` (CUDA when available), ``'cpu'``, ``'cuda'``, ``'cuda:1'``...
         Default ``'auto'``.
     progress_every : int
-        Iterations between progress reports. Default 50.
+        Iterations between progress reports. Default 1 (every iteration: the
+        consumers throttle by time).
     init_weights : str or None
         Warm start from a weights file written by :func:`save_weights`
         (architecture must match). Default None (random initialisation).
@@ -131,52 +157,46 @@ class DIPConfig:
         Dropout2d probability after every 3×3 conv (MC dropout). Default 0.
     """
 
-    preset: str = "reference-28"
+    preset: str = setting("reference-28", kind=str, doc="U-net preset name.")
     unet: UNetConfig | None = None
-    iterations: int = DEFAULTS["reference-28"]["iterations"]
-    lr: float = DEFAULTS["reference-28"]["lr"]
-    lr_schedule: str = "cosine"
-    lr_min_factor: float = 0.01
-    warmup: int = 0
-    tv_weight: float | None = None
-    tv_weight_factor: float = DEFAULTS["reference-28"]["tv_weight_factor"]
-    clip_grad_norm: float | None = 1.0
-    net_input: str = "fbp"
-    noise_std: float = 0.1
-    seed: int = 0
-    device: str = "auto"
-    progress_every: int = 50
-    init_weights: str | None = None
-    dropout: float = 0.0
+    iterations: int = setting(DEFAULTS["reference-28"]["iterations"], kind=int, minimum=1,
+                              maximum=10_000_000, doc="Adam steps.")
+    lr: float = setting(DEFAULTS["reference-28"]["lr"], kind=float, greater_than=0,
+                        maximum=10.0, doc="Peak learning rate.")
+    lr_schedule: str = setting("cosine", kind=str, choices=("cosine", "constant"),
+                               doc="Learning-rate schedule.")
+    lr_min_factor: float = setting(0.01, kind=float, minimum=0, maximum=1,
+                                   doc="Final learning rate relative to lr.")
+    warmup: int = setting(0, kind=int, minimum=0, maximum=10_000_000,
+                          doc="Linear warm-up steps.")
+    tv_weight: float | None = setting(None, kind=float, minimum=0, maximum=1e30,
+                                      doc="TV weight (default: from the noise level).")
+    tv_weight_factor: float = setting(DEFAULTS["reference-28"]["tv_weight_factor"],
+                                      kind=float, minimum=0, maximum=1e6,
+                                      doc="TV weight = factor x noise std x column norm.")
+    clip_grad_norm: float | None = setting(1.0, kind=float, greater_than=0, maximum=1e30,
+                                           optional=True, doc="Gradient-norm clip.")
+    net_input: str = setting("fbp", kind=str, choices=("fbp", "noise"),
+                             doc="Fixed network input.")
+    noise_std: float = setting(0.1, kind=float, minimum=0, maximum=1e6,
+                               doc="Std of the noise input.")
+    seed: int = setting(0, kind=int, minimum=0, maximum=2**63 - 1, doc="Seed of the fit.")
+    device: str = setting("auto", kind=str, check=check_device, doc="auto, cpu, cuda, cuda:N.")
+    progress_every: int = setting(1, kind=int, minimum=1, maximum=10_000_000,
+                                  doc="Iterations between progress reports.")
+    init_weights: str | None = setting(None, kind=str, doc="Warm-start weights file.")
+    dropout: float = setting(0.0, kind=float, minimum=0, maximum=0.999,
+                             doc="Dropout probability (MC dropout).")
 
     def __post_init__(self):
-        if self.unet is None:
-            unet_preset(self.preset)  # validates the name
         if isinstance(self.unet, dict):
             object.__setattr__(self, "unet", UNetConfig.from_dict(self.unet))
-        if int(self.iterations) < 1:
-            raise InputError(f"must be >= 1, got {self.iterations}", field="iterations")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise InputError(f"must be > 0, got {self.lr}", field="lr")
-        if self.tv_weight is not None and not (math.isfinite(self.tv_weight)
-                                               and self.tv_weight >= 0):
-            raise InputError(f"must be >= 0, got {self.tv_weight}", field="tv_weight")
-        if not (math.isfinite(self.tv_weight_factor) and self.tv_weight_factor >= 0):
-            raise InputError(f"must be >= 0, got {self.tv_weight_factor}",
-                             field="tv_weight_factor")
-        if self.lr_schedule not in ("cosine", "constant"):
-            raise InputError(f"must be 'cosine' or 'constant', got {self.lr_schedule!r}",
-                             field="lr_schedule")
-        if self.net_input not in ("fbp", "noise"):
-            raise InputError(f"must be 'fbp' or 'noise', got {self.net_input!r}",
-                             field="net_input")
-        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
-            raise InputError(f"must be > 0 or None, got {self.clip_grad_norm}",
-                             field="clip_grad_norm")
-        if int(self.progress_every) < 1:
-            raise InputError(f"must be >= 1, got {self.progress_every}", field="progress_every")
-        if not 0 <= self.dropout < 1:
-            raise InputError(f"must be in [0, 1), got {self.dropout}", field="dropout")
+        validate(self, prefix="dip")
+        if self.unet is None:
+            try:
+                unet_preset(self.preset)  # validates the name
+            except InputError as err:
+                raise InputError(err.message, field="dip.preset") from None
 
     # -- constructors ---------------------------------------------------------
     @classmethod

@@ -27,6 +27,9 @@ Examples
 >>> result = ctuq.reconstruct(sino, cfg)
 >>> result.reconstruction.shape, result.std.shape
 ((28, 28), (28, 28))
+
+A bare array works too: ``ctuq.reconstruct(y, angles=np.linspace(0, 180, 20,
+endpoint=False), image_size=28)`` (angles in degrees unless ``angle_unit='rad'``).
 """
 
 from __future__ import annotations
@@ -40,13 +43,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ctuq.data.io import Result, Sinogram, read_sinogram, sha256_file, write_result
+from ctuq.data.io import (Result, Sinogram, read_sinogram, read_sinogram_isolated, sha256_file,
+                          write_result)
 from ctuq.data.operators import RayTransform
 from ctuq.errors import InputError
 from ctuq.recon.baselines import estimate_noise_std, fbp_reconstruction
 from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
 from ctuq.recon.dip import fit_dip, resolve_device
 from ctuq.progress import check_cancel, emit_progress
+from ctuq.recon.posterior_handle import Posterior
+from ctuq.recon.provenance import provenance, torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +63,9 @@ def _noise_std(sinogram: Sinogram, config: ReconstructionConfig, y: torch.Tensor
     """The noise std and whether it is known (config or file) rather than estimated."""
     if config.noise_std is not None:
         return float(config.noise_std), True
-    known = sinogram.meta.get("noise_std") if isinstance(sinogram.meta, dict) else None
-    if known is not None and float(known) > 0:
-        return float(known), True
+    known = sinogram.noise_std  # validated: a positive finite number or None
+    if known is not None:
+        return known, True
     return estimate_noise_std(y), False
 
 
@@ -72,23 +78,87 @@ def _slice_progress(progress, index: int, n_slices: int):
     return forward
 
 
-def reconstruct(sinogram: Sinogram, config: ReconstructionConfig | None = None, *,
-                progress: Callable | None = None,
-                cancel: Callable[[], bool] | None = None) -> Result:
+#: Rough peak memory of the pipeline per image pixel (bytes): the U-net fit
+#: needs 4-10 kB per pixel (measured at 64²-256²), the batched Jacobian
+#: products of the EM several times that.
+BYTES_PER_PIXEL = 32 * 1024
+
+
+def as_sinogram(data, *, angles=None, geometry=None, meta=None, ground_truth=None,
+                **geometry_options) -> Sinogram:
+    """A :class:`Sinogram` from an array ``[n_angles, n_detector]`` (or a stack
+    ``[n_slices, n_angles, n_detector]``) and the geometry options.
+
+    Parameters
+    ----------
+    data : array_like
+        Line integrals, one row per angle (ctuq's = ASTRA's convention; for a
+        scikit-image ``radon`` output use :meth:`Sinogram.from_skimage`).
+    angles : array_like, optional
+        One angle per row, in ``angle_unit`` (default degrees).
+    geometry : Geometry or dict, optional
+    **geometry_options
+        :class:`~ctuq.data.io.options.GeometryOptions` fields (``image_size``,
+        ``pixel_size``, ``angle_first``/``angle_last``, ``n_angles``,
+        ``angle_unit``, ``center_offset``, ``beam``...).
+    """
+    from ctuq.data.geometry import Geometry
+    from ctuq.data.io import _resolve
+    from ctuq.data.io._common import check_array
+
+    if isinstance(geometry, Geometry) and angles is None and not geometry_options:
+        return Sinogram(data, geometry, dict(meta or {}), ground_truth)
+    arr = check_array(data, file=None, field="sinogram", ndims=(2, 3))
+    part, n_angles, _ = _resolve.from_options(angles=angles, geometry=geometry,
+                                              options=geometry_options, file=None)
+    geom = _resolve.resolve(part, n_angles_data=arr.shape[-2], n_detector_data=arr.shape[-1],
+                            n_angles_opt=n_angles, file=None)
+    return Sinogram(arr, geom, dict(meta or {}), ground_truth)
+
+
+def check_memory(shape, config: ReconstructionConfig) -> None:
+    """Refuse an image whose reconstruction would not fit the memory budget."""
+    from ctuq.data.io._common import default_memory_budget
+
+    budget = config.read_options.max_bytes or default_memory_budget()
+    pixels = int(np.prod(shape[-2:]))
+    need = pixels * BYTES_PER_PIXEL
+    if need > budget:
+        raise InputError(
+            f"a {shape[-2]} x {shape[-1]} image needs roughly {need / 1024**3:.3g} GiB, over "
+            f"the memory budget of {budget / 1024**3:.3g} GiB: give a smaller image_size "
+            "(--image-size) or raise max_memory_gib (--max-memory-gib)", field="image_size")
+
+
+def reconstruct(sinogram, config: ReconstructionConfig | None = None, *,
+                angles=None, progress: Callable | None = None,
+                cancel: Callable[[], bool] | None = None, run_id: str | None = None,
+                **geometry) -> Result:
     """Reconstruct a sinogram with a per-pixel uncertainty.
 
     Parameters
     ----------
-    sinogram : Sinogram
-        Data ``(n_angles, n_detector)`` or a stack ``(n_slices, n_angles,
-        n_detector)``, with its geometry; a ground truth, when present, adds
-        metrics to the result.
+    sinogram : Sinogram or array_like
+        A :class:`Sinogram` (data with its geometry; a ground truth, when
+        present, adds metrics), or an array ``(n_angles, n_detector)`` /
+        ``(n_slices, n_angles, n_detector)`` with ``angles`` and the geometry
+        options below.
     config : ReconstructionConfig, optional
         Default: ``ReconstructionConfig()`` (presets by image size).
+    angles : array_like, optional
+        For an array: one angle per row, degrees unless ``angle_unit='rad'``.
     progress : callable, optional
         Receives ``(stage, step, total, message)`` events.
     cancel : callable, optional
         Returns True to stop; :class:`ctuq.errors.Cancelled` is raised.
+    run_id : str, optional
+        Recorded in the provenance (the batch runner's run).
+    **geometry
+        For an array: :class:`~ctuq.data.io.options.GeometryOptions` fields
+        (``image_size``, ``pixel_size``, ``detector_spacing``, ``beam``,
+        ``source_origin``, ``origin_detector``, ``angle_first``,
+        ``angle_last``, ``n_angles``, ``angle_unit``, ``center_offset``), or
+        ``geometry=`` a :class:`~ctuq.data.geometry.Geometry`.
 
     Returns
     -------
@@ -96,18 +166,43 @@ def reconstruct(sinogram: Sinogram, config: ReconstructionConfig | None = None, 
         ``reconstruction`` (the DIP output, the posterior mean shown to users),
         ``std`` (posterior std), ``variance``, a few posterior ``samples``,
         ``fbp``, ``dip``, learned ``hyperparameters``, the ``em_trace``,
-        ``metrics`` (with a ground truth) and the effective ``config``.
+        ``metrics`` (with a ground truth), the effective ``config``, the
+        ``provenance`` (versions, threads, device) and, in memory only, the
+        fitted ``posterior`` (:class:`~ctuq.recon.posterior_handle.Posterior`;
+        one per slice for a stack): ``result.posterior.sample(n)``,
+        ``result.posterior.region_std(region)``.
     """
     if not isinstance(sinogram, Sinogram):
-        raise InputError(f"expected a Sinogram, got {type(sinogram).__name__}",
-                         field="sinogram")
+        if isinstance(sinogram, (str, bytes)) or hasattr(sinogram, "__fspath__"):
+            raise InputError("is a file name; use ctuq.reconstruct_file(path, out) or "
+                             "ctuq.data.io.read_sinogram(path) first", field="sinogram")
+        try:
+            sinogram = as_sinogram(sinogram, angles=angles, **geometry)
+        except InputError as err:
+            if err.field == "angles" and angles is None:
+                raise InputError("an array needs its angles: ctuq.reconstruct(data, "
+                                 "angles=[...degrees...]) or angle_first=, angle_last=, or "
+                                 "n_angles= (equispaced over 180 deg)", field="angles") from None
+            raise
+    elif angles is not None or geometry:
+        raise InputError("a Sinogram carries its geometry; angles and geometry options apply "
+                         "to arrays only", field="angles" if angles is not None else
+                         sorted(geometry)[0])
+    if config is not None and not isinstance(config, ReconstructionConfig):
+        if isinstance(config, dict):
+            config = ReconstructionConfig.from_dict(config)
+        else:
+            raise InputError(f"must be a ReconstructionConfig or a dict, got "
+                             f"{type(config).__name__}", field="config")
     config = config or ReconstructionConfig()
+    check_memory(sinogram.geometry.image_shape, config)
     slices = list(sinogram.slices()) if sinogram.is_stack else [sinogram]
     outs = []
-    for i, sl in enumerate(slices):
-        check_cancel(cancel, "reconstruction")
-        outs.append(_reconstruct_slice(sl, config, _slice_progress(progress, i, len(slices)),
-                                       cancel))
+    with torch_threads(config.threads) as threads:
+        for i, sl in enumerate(slices):
+            check_cancel(cancel, "reconstruction")
+            outs.append(_reconstruct_slice(sl, config, _slice_progress(progress, i, len(slices)),
+                                           cancel))
     first = outs[0]
     stack = (lambda key: np.stack([o[key] for o in outs])) if sinogram.is_stack else (
         lambda key: first[key])
@@ -118,6 +213,8 @@ def reconstruct(sinogram: Sinogram, config: ReconstructionConfig | None = None, 
         f"slice_{i}": o["hyperparameters"] for i, o in enumerate(outs)}
     trace = first["trace"] if len(outs) == 1 else [
         {**t, "slice": i} for i, o in enumerate(outs) for t in o["trace"]]
+    posteriors = [Posterior(o["posterior"], o["linearization"], o["mean"], seed=config.seed)
+                  for o in outs]
     return Result(
         reconstruction=stack("mean"), std=stack("std"), variance=stack("variance"),
         samples=stack("samples") if first["samples"] is not None else None,
@@ -125,7 +222,10 @@ def reconstruct(sinogram: Sinogram, config: ReconstructionConfig | None = None, 
         ground_truth=sinogram.ground_truth, geometry=sinogram.geometry,
         config=first["config"], hyperparameters=hyper, em_trace=trace, metrics=metrics,
         input_path=sinogram.meta.get("source"), seed=config.seed, device=first["device"],
-        units=sinogram.meta.get("units"))
+        units="1/mm",
+        provenance=provenance(device=first["device"], threads=threads,
+                              request=config.to_dict(), run_id=run_id),
+        posterior=posteriors[0] if len(posteriors) == 1 else tuple(posteriors))
 
 
 #: Predictive samples per solver call: progress and cancel between batches.
@@ -243,6 +343,7 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
         "samples": (mean + image_samples[:k]).cpu().numpy() if k else None,
         "fbp": fbp.cpu().numpy(), "metrics": metrics, "hyperparameters": post.hyperparameters(),
         "trace": post.trace, "config": effective, "device": str(device),
+        "posterior": post, "linearization": unc_out["linearization"],
     }
 
 
@@ -266,11 +367,15 @@ def flat_metrics(summary: dict) -> dict[str, float]:
 
 def reconstruct_file(input_path, out_path, config: ReconstructionConfig | None = None, *,
                      overwrite: bool = False, progress: Callable | None = None,
-                     cancel: Callable[[], bool] | None = None, **read_options) -> Result:
+                     cancel: Callable[[], bool] | None = None, run_id: str | None = None,
+                     **read_options) -> Result:
     """Read a sinogram file, reconstruct it, write the result file atomically.
 
     The output is checked before any work starts, so that a refused output
-    fails at once; the input is never overwritten.
+    fails at once; the input is never overwritten. The file is read as
+    ``config.read`` and ``config.geometry`` say (and ``read_options``, which
+    take precedence), by default in a child process with a time limit
+    (:func:`ctuq.data.io.read_sinogram_isolated`).
 
     Parameters
     ----------
@@ -280,16 +385,38 @@ def reconstruct_file(input_path, out_path, config: ReconstructionConfig | None =
         Replace an existing output. Default False.
     progress, cancel : callable, optional
         See :func:`reconstruct`.
+    run_id : str, optional
+        Recorded in the result's provenance.
     **read_options
-        Passed to :func:`ctuq.data.io.read_sinogram` (``dataset=``, ``angles=``…).
+        :class:`~ctuq.data.io.options.ReadOptions` and
+        :class:`~ctuq.data.io.options.GeometryOptions` fields (``dataset=``,
+        ``angles=``, ``image_size=``...).
     """
-    from ctuq.data.io import check_output_path
+    import os
 
+    from ctuq.data.io import check_output_path
+    from ctuq.data.io.options import GEOMETRY_OPTION_NAMES, READ_OPTION_NAMES
+
+    config = config or ReconstructionConfig()
+    unknown = sorted(set(read_options) - set(READ_OPTION_NAMES) - set(GEOMETRY_OPTION_NAMES)
+                     - {"geometry", "image_shape"})
+    if unknown:
+        raise InputError("unknown read or geometry option", field=unknown[0])
+    read = {**config.read, **{k: v for k, v in read_options.items() if k in READ_OPTION_NAMES}}
+    geom = {**config.geometry, **{k: v for k, v in read_options.items()
+                                  if k not in READ_OPTION_NAMES}}
+    config = config.merged({"read": read, "geometry": {k: v for k, v in geom.items()
+                                                       if k in GEOMETRY_OPTION_NAMES}})
+    ropts = config.read_options
     input_path, out_path = Path(input_path), Path(out_path)
     check_output_path(out_path, overwrite=overwrite, protect=[input_path])
-    sino = read_sinogram(input_path, **read_options)
-    result = reconstruct(sino, config, progress=progress, cancel=cancel)
-    result.input_path = str(input_path.resolve())
+    kwargs = {**ropts.reader_kwargs(), **geom}
+    if ropts.isolate:
+        sino = read_sinogram_isolated(input_path, timeout=ropts.read_timeout, **kwargs)
+    else:
+        sino = read_sinogram(input_path, **kwargs)
+    result = reconstruct(sino, config, progress=progress, cancel=cancel, run_id=run_id)
+    result.input_path = os.path.abspath(input_path)
     result.input_sha256 = sha256_file(input_path)
     write_result(out_path, result, overwrite=overwrite)
     return result

@@ -9,11 +9,13 @@ the field, so that nothing a user supplies can end in a bare ``KeyError`` or
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import logging
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,79 @@ import numpy as np
 from ctuq.errors import InputError
 
 log = logging.getLogger(__name__)
+
+#: Bytes of working memory per array element a reader may need (the stored
+#: values, a float64 working copy for flat/dark correction, the float32 result).
+BYTES_PER_ELEMENT = 24
+
+
+def default_memory_budget() -> int:
+    """Half of the physical memory (bytes); 4 GiB when it cannot be read."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2)
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return 4 * 1024**3
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a reader may do: its memory budget and whether it follows other files.
+
+    Attributes
+    ----------
+    max_bytes : int
+        Budget of one read: an array is read only when ``elements x 24 bytes``
+        fit (see :data:`BYTES_PER_ELEMENT`). Default: half the physical memory.
+    allow_external : bool
+        Follow HDF5 external links, external raw storage and virtual datasets
+        (they read other files). Default False.
+    """
+
+    max_bytes: int = 0
+    allow_external: bool = False
+
+    @property
+    def budget(self) -> int:
+        return self.max_bytes if self.max_bytes > 0 else default_memory_budget()
+
+
+_LIMITS: contextvars.ContextVar[Limits] = contextvars.ContextVar("ctuq_read_limits",
+                                                                  default=Limits())
+
+
+def current_limits() -> Limits:
+    """The :class:`Limits` in force (see :func:`read_limits`)."""
+    return _LIMITS.get()
+
+
+@contextlib.contextmanager
+def read_limits(max_bytes: int | None = None, allow_external: bool = False):
+    """Run the reads inside under a memory budget and an external-file policy."""
+    token = _LIMITS.set(Limits(int(max_bytes or 0), bool(allow_external)))
+    try:
+        yield
+    finally:
+        _LIMITS.reset(token)
+
+
+def check_size(shape, dtype=None, *, file, field: str) -> None:
+    """Refuse an array whose declared size does not fit the memory budget.
+
+    Called *before* the values are read, so that a header claiming a huge
+    array (or a small compressed dataset that inflates) is one clear error,
+    never a ``MemoryError`` or a swapping machine.
+    """
+    try:
+        n = math.prod(int(s) for s in shape)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"has an unreadable shape {shape!r}", file=file, field=field) from None
+    need = n * BYTES_PER_ELEMENT
+    budget = current_limits().budget
+    if need > budget:
+        raise InputError(f"declares shape {tuple(int(s) for s in shape)} ({n:,} values, about "
+                         f"{need / 1024**3:.3g} GiB to read): over the memory budget of "
+                         f"{budget / 1024**3:.3g} GiB (raise it with max_memory_gib / "
+                         "--max-memory-gib if the file is genuine)", file=file, field=field)
 
 @contextlib.contextmanager
 def errors_name_the_file(path):
@@ -308,14 +383,62 @@ def length_mm(value, units, *, file, field: str) -> float:
     return value * factor
 
 
-def angles_rad(values, units, *, file, field: str) -> np.ndarray:
-    """Angles as float64 radians; without a ``units`` attribute they are degrees."""
+def angle_unit_name(value, *, file=None, field: str = "angle_unit") -> str:
+    """``'deg'`` or ``'rad'`` for any common spelling; anything else is an InputError."""
+    u = attr_str(value) if not isinstance(value, str) else value
+    kind = None if u is None else _ANGLE_UNITS.get(u.strip().lower())
+    if kind is None:
+        raise InputError(f"unknown angle unit {value!r} (deg or rad expected)", file=file,
+                         field=field)
+    return kind
+
+
+def angles_rad(values, units, *, file, field: str, unit: str | None = None) -> np.ndarray:
+    """Angles from a file as float64 radians, with a plausibility check of the unit.
+
+    Parameters
+    ----------
+    values : array_like, shape (n,)
+    units : str or None
+        The dataset's ``units`` attribute.
+    unit : {'deg', 'rad'}, optional
+        The user's ``angle_unit``: overrides the attribute (with a warning when
+        they differ) and says how to read angles without one.
+
+    Raises
+    ------
+    InputError
+        Non-finite values; an unknown unit; angles without a unit whose values
+        span at most one turn in radians (0.08 to 3.06, say), which could be
+        either unit; angles declared in radians that span more than one turn.
+    """
     arr = check_array(values, file=file, field=field, ndims=(1,), dtype=np.float64)
     u = attr_str(units)
-    kind = "deg" if u is None or not u.strip() else _ANGLE_UNITS.get(u.strip().lower())
-    if kind is None:
-        raise InputError(f"unknown angle unit {u!r} (degrees or radians expected)",
-                         file=file, field=f"{field}@units")
+    declared = None if u is None or not u.strip() else angle_unit_name(
+        u, file=file, field=f"{field}@units")
+    span = float(arr.max() - arr.min()) if arr.size > 1 else 0.0
+    turn = 2 * math.pi * (1 + 1e-6)
+    if unit is not None:
+        kind = angle_unit_name(unit, file=file)
+        if declared is not None and declared != kind:
+            log.warning("%s:%s declares %s; read as %s as angle_unit says", file, field,
+                        declared, kind)
+    elif declared is not None:
+        kind = declared
+        if kind == "rad" and span > turn:
+            raise InputError(f"declared in radians but spans {span:.4g} rad (more than one "
+                             "turn): degrees? Set angle_unit (--angle-unit deg) to override",
+                             file=file, field=field)
+        if kind == "deg" and arr.size > 2 and 0 < span <= turn:
+            log.warning("%s:%s is declared in degrees but spans only %.4g deg: radians? "
+                        "Set angle_unit (--angle-unit rad) if so", file, field, span)
+    else:
+        if arr.size > 2 and 0 < span <= turn:
+            raise InputError(
+                f"has no units attribute and spans only {span:.4g} ({arr.min():.4g} to "
+                f"{arr.max():.4g}): radians or degrees? Set angle_unit (--angle-unit rad "
+                "or deg)", file=file, field=field)
+        kind = "deg"
     return np.deg2rad(arr) if kind == "deg" else arr
 
 

@@ -1,5 +1,15 @@
 """Defensive h5py access: every failure becomes an :class:`InputError`
-naming the file and the HDF5 path."""
+naming the file and the HDF5 path.
+
+Objects are reached by following a path link by link (:func:`get`): a link
+that does not exist is "absent", while a link that exists but whose object
+cannot be opened (a corrupt object header, a dangling soft link) is an error
+naming the field; ``h5py``'s ``group.get()`` would turn both into None.
+External links, external raw storage and virtual datasets point into other
+files; they are refused unless the read limits allow them
+(:func:`ctuq.data.io._common.read_limits`). Every dataset's size is checked
+against the memory budget before it is read.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +19,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ctuq.data.io._common import attr_str, check_array
+from ctuq.data.io._common import attr_str, check_array, check_size, current_limits
 from ctuq.errors import InputError
 
 try:  # h5py is a hard dependency of ctuq; import lazily-friendly for clear errors
@@ -40,15 +50,90 @@ def open_h5(path: Path) -> Iterator["h5py.File"]:
             f.close()
 
 
-def get(group, name: str, *, file, kind: str = "dataset", required: bool = False):
-    """``group[name]`` or None; wrong kind, dangling links and corrupt
-    objects are InputErrors (``kind`` is 'dataset', 'group' or 'any')."""
-    field = _join(group, name)
+_ERRORS = (KeyError, OSError, ValueError, RuntimeError, TypeError, AttributeError)
+_MAX_LINK_DEPTH = 16
+
+
+def _root(group, *, file):
     try:
-        obj = group.get(name)
-    except (KeyError, OSError, ValueError, RuntimeError) as exc:
-        raise InputError(f"cannot be opened: corrupt file or broken link ({exc})", file=file,
-                         field=field) from exc
+        return group["/"]
+    except _ERRORS as exc:
+        raise InputError(f"cannot open the root group: corrupt file ({exc})",
+                         file=file) from exc
+
+
+def _follow(group, name: str, *, file, field: str, depth: int = 0):
+    """The object at ``name`` below ``group``, link by link; None when a link is absent."""
+    if depth > _MAX_LINK_DEPTH:
+        raise InputError("soft links nest too deeply (a link loop?)", file=file, field=field)
+    cur = _root(group, file=file) if name.startswith("/") else group
+    parts = [p for p in name.split("/") if p and p != "."]
+    for i, part in enumerate(parts):
+        if not isinstance(cur, h5py.Group):
+            raise InputError(f"{cur.name} is a dataset, not a group", file=file, field=field)
+        try:
+            exists = cur.id.links.exists(part.encode("utf-8"))
+        except _ERRORS as exc:
+            raise InputError(f"cannot be looked up: corrupt link table ({exc})", file=file,
+                             field=field) from exc
+        if not exists:
+            return None
+        try:
+            link = cur.get(part, getlink=True)
+        except _ERRORS as exc:
+            raise InputError(f"cannot be opened: corrupt link ({exc})", file=file,
+                             field=field) from exc
+        if isinstance(link, h5py.ExternalLink):
+            if not current_limits().allow_external:
+                raise InputError(f"is an external link to {link.filename}:{link.path}; "
+                                 "external links are refused unless allow_external is set "
+                                 "(--allow-external)", file=file, field=field)
+        if isinstance(link, h5py.SoftLink):
+            target = _follow(cur, link.path, file=file, field=field, depth=depth + 1)
+            if target is None:
+                raise InputError(f"is a dangling soft link to {link.path}", file=file,
+                                 field=field)
+            cur = target
+            continue
+        try:
+            cur = cur[part]
+        except _ERRORS as exc:
+            raise InputError(f"exists but cannot be opened: corrupt object header or broken "
+                             f"link ({exc})", file=file, field=field) from exc
+        if cur is None:
+            raise InputError("exists but cannot be opened", file=file, field=field)
+    return cur
+
+
+def _check_storage(ds, *, file, field: str) -> None:
+    if current_limits().allow_external:
+        return
+    try:
+        external = ds.external
+        virtual = ds.is_virtual
+    except _ERRORS as exc:
+        raise InputError(f"its storage layout cannot be read: corrupt header ({exc})",
+                         file=file, field=field) from exc
+    if external:
+        names = ", ".join(str(e[0]) for e in external[:3])
+        raise InputError(f"stores its values in external file(s) ({names}); refused unless "
+                         "allow_external is set (--allow-external)", file=file, field=field)
+    if virtual:
+        raise InputError("is a virtual dataset mapped from other files; refused unless "
+                         "allow_external is set (--allow-external)", file=file, field=field)
+
+
+def exists(group, name: str, *, file) -> bool:
+    """True when ``name`` exists below ``group``; a corrupt link or object is an InputError."""
+    return _follow(group, name, file=file, field=_join(group, name)) is not None
+
+
+def get(group, name: str, *, file, kind: str = "dataset", required: bool = False):
+    """``group[name]`` or None when absent; wrong kind, dangling links, corrupt
+    objects, external links and external storage are InputErrors (``kind`` is
+    'dataset', 'group' or 'any')."""
+    field = _join(group, name)
+    obj = _follow(group, name, file=file, field=field)
     if obj is None:
         if required:
             raise InputError("is missing", file=file, field=field)
@@ -57,6 +142,8 @@ def get(group, name: str, *, file, kind: str = "dataset", required: bool = False
         raise InputError("is a group; a dataset is expected", file=file, field=field)
     if kind == "group" and not isinstance(obj, h5py.Group):
         raise InputError("is a dataset; a group is expected", file=file, field=field)
+    if isinstance(obj, h5py.Dataset):
+        _check_storage(obj, file=file, field=field)
     return obj
 
 
@@ -70,11 +157,21 @@ def _join(group, name: str) -> str:
 def read(ds, *, file) -> Any:
     """All values of a dataset; an empty (null dataspace) or unreadable one is an InputError."""
     field = ds.name
-    if ds.shape is None:
+    try:
+        shape, dtype = ds.shape, ds.dtype
+    except _ERRORS as exc:
+        raise InputError(f"its header cannot be read: corrupt file ({exc})", file=file,
+                         field=field) from exc
+    if shape is None:
         raise InputError("is empty (no dataspace)", file=file, field=field)
+    if dtype.kind not in "biufSUO":
+        raise InputError(f"has an unsupported type ({dtype}); numbers or text expected",
+                         file=file, field=field)
+    _check_storage(ds, file=file, field=field)
+    check_size(shape, dtype, file=file, field=field)
     try:
         value = ds[()]
-    except (OSError, ValueError, TypeError, RuntimeError) as exc:
+    except _ERRORS as exc:
         raise InputError(f"cannot be read: corrupt or truncated file ({exc})", file=file,
                          field=field) from exc
     return value
@@ -107,7 +204,7 @@ def attr(obj, name: str, *, file) -> Any:
         if name not in obj.attrs:
             return None
         return obj.attrs[name]
-    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
+    except _ERRORS as exc:
         raise InputError(f"attribute cannot be read ({exc})", file=file,
                          field=f"{obj.name}@{name}") from exc
 

@@ -61,19 +61,21 @@ def to_line_integrals(data, *, flats=None, darks=None, file_raw: bool | None,
     """
     has_frames = flats is not None or darks is not None
     if raw is not None and file_raw is not None and bool(raw) != file_raw:
-        raise InputError(f"raw={raw} contradicts the file, which declares "
+        raise InputError(f"raw = {str(raw).lower()} (--{'' if raw else 'no-'}raw) contradicts "
+                         "the file, which declares "
                          f"quantity={'intensity' if file_raw else 'line_integral'}",
                          file=file, field="raw")
     if has_frames and (raw is False or file_raw is False):
         raise InputError("flat/dark frames are present but the data are declared as line "
-                         "integrals (raw=False or quantity='line_integral')", file=file,
+                         "integrals (raw = false, --no-raw, or quantity='line_integral')",
+                         file=file,
                          field="raw")
     is_raw = has_frames or bool(raw) or bool(file_raw)
     if not is_raw:
         arr = check_array(data, file=file, field=field, ndims=(2, 3))
         if np.asarray(data).dtype.kind in "iu":
             log.warning("%s:%s holds integers and no flat/dark frames: read as line integrals; "
-                        "pass raw=True if they are intensities", file, field)
+                        "set raw (--raw) if they are intensities", file, field)
         return arr
     values = check_array(data, file=file, field=field, ndims=(2, 3), dtype=np.float64)
     if flats is not None:

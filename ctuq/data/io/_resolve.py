@@ -20,12 +20,15 @@ from ctuq.errors import InputError
 
 log = logging.getLogger(__name__)
 
-#: Geometry options accepted by the readers (``**geometry_options``).
+#: Geometry options accepted by the readers (``**geometry_options``);
+#: ``image_shape`` is an alias of ``image_size``.
 GEOMETRY_OPTIONS = ("image_size", "image_shape", "pixel_size", "detector_spacing", "beam",
-                    "source_origin", "origin_detector", "n_detector", "n_angles")
+                    "source_origin", "origin_detector", "n_detector", "n_angles", "angles",
+                    "angle_first", "angle_last", "angle_unit", "center_offset")
 
 _DICT_KEYS = ("beam", "image_shape", "pixel_size", "n_detector", "detector_spacing",
-              "angles_deg", "angles_rad", "source_origin", "origin_detector")
+              "angles_deg", "angles_rad", "source_origin", "origin_detector", "center_offset",
+              "image_offset")
 
 
 def _number(value, *, file, field) -> float:
@@ -96,8 +99,13 @@ def normalise(d: dict[str, Any], *, file, source: str) -> dict[str, Any]:
             out["image_shape"] = _shape(value, file=file, field=fld)
         elif key == "n_detector":
             out["n_detector"] = _integer(value, file=file, field=fld)
-        elif key in ("pixel_size", "detector_spacing", "source_origin", "origin_detector"):
+        elif key in ("pixel_size", "detector_spacing", "source_origin", "origin_detector",
+                     "center_offset"):
             out[key] = _number(value, file=file, field=fld)
+        elif key == "image_offset":
+            if not isinstance(value, (list, tuple, np.ndarray)) or len(value) != 2:
+                raise InputError(f"must be two numbers, got {value!r}", file=file, field=fld)
+            out[key] = tuple(_number(v, file=file, field=fld) for v in value)
         elif key == "angles_deg":
             out.setdefault("angles", _angles_from(value, degrees=True, file=file, field=fld))
         elif key == "angles_rad":
@@ -116,6 +124,9 @@ def from_geometry(g: Geometry) -> dict[str, Any]:
     if g.beam == "fan":
         d["source_origin"] = g.source_origin
         d["origin_detector"] = g.origin_detector
+    d["center_offset"] = g.center_offset
+    if any(g.image_offset):
+        d["image_offset"] = tuple(g.image_offset)
     return d
 
 
@@ -126,6 +137,8 @@ def _same(key, a, b) -> bool:
         return a.shape == b.shape and bool(np.allclose(a, b, rtol=0, atol=1e-8))
     if key in ("beam", "image_shape", "n_detector"):
         return tuple(np.atleast_1d(a)) == tuple(np.atleast_1d(b))
+    if key == "image_offset":
+        return all(isclose(x, y) for x, y in zip(a, b))
     return isclose(a, b)
 
 
@@ -152,19 +165,54 @@ def merge(base: dict[str, Any], extra: dict[str, Any], *, file, base_name: str,
 
 
 def from_options(*, angles=None, geometry=None, options: dict[str, Any], file
-                 ) -> tuple[dict[str, Any], int | None]:
+                 ) -> tuple[dict[str, Any], int | None, str | None]:
     """Internal partial geometry from reader options.
+
+    Parameters
+    ----------
+    angles : array_like, optional
+        Angles in ``options['angle_unit']`` (default degrees).
+    geometry : Geometry or dict, optional
+        A full geometry, or a partial one in :meth:`Geometry.to_dict` form.
+    options : dict
+        :class:`~ctuq.data.io.options.GeometryOptions` fields (``image_shape``
+        is accepted as an alias of ``image_size``).
 
     Returns
     -------
     partial : dict
     n_angles : int or None
-        The ``n_angles`` option, used only when no source gives angles.
+        The ``n_angles`` option when it alone gives the angles (equispaced
+        over the default range when no source gives angles).
+    angle_unit : str or None
+        ``'deg'``/``'rad'`` when the user set it (it also says how to read
+        file angles without a units attribute).
     """
-    unknown = sorted(set(options) - set(GEOMETRY_OPTIONS))
+    from ctuq.data.io.options import GeometryOptions
+
+    opts = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(set(opts) - set(GEOMETRY_OPTIONS))
     if unknown:
-        raise InputError(f"unknown option (known: angles, geometry, {', '.join(GEOMETRY_OPTIONS)})",
+        raise InputError(f"unknown option (known: geometry, {', '.join(GEOMETRY_OPTIONS)})",
                          file=file, field=unknown[0])
+    if "image_shape" in opts:
+        shape = opts.pop("image_shape")
+        if "image_size" in opts and _shape(opts["image_size"], file=file, field="image_size") \
+                != _shape(shape, file=file, field="image_shape"):
+            raise InputError("image_size and image_shape disagree", file=file, field="image_size")
+        opts["image_size"] = tuple(shape) if isinstance(shape, (list, tuple)) else shape
+    if angles is not None:
+        opts["angles"] = angles
+    try:
+        go = GeometryOptions.from_dict(opts, prefix="")
+    except InputError as exc:
+        raise InputError(exc.message, file=file, field=exc.field) from None
+    return options_partial(go, geometry=geometry, file=file)
+
+
+def options_partial(go, *, geometry=None, file) -> tuple[dict[str, Any], int | None,
+                                                         str | None]:
+    """:func:`from_options` for a :class:`~ctuq.data.io.options.GeometryOptions`."""
     part: dict[str, Any] = {}
     if geometry is not None:
         if isinstance(geometry, Geometry):
@@ -172,40 +220,34 @@ def from_options(*, angles=None, geometry=None, options: dict[str, Any], file
         else:
             part = normalise(geometry, file=file, source="geometry")
     opt: dict[str, Any] = {}
-    for key in ("image_size", "image_shape"):
-        if options.get(key) is not None:
-            shape = _shape(options[key], file=file, field=key)
-            if "image_shape" in opt and opt["image_shape"] != shape:
-                raise InputError("image_size and image_shape disagree", file=file, field=key)
-            opt["image_shape"] = shape
-    for key in ("pixel_size", "detector_spacing", "source_origin", "origin_detector"):
-        if options.get(key) is not None:
-            opt[key] = _number(options[key], file=file, field=key)
-    if options.get("beam") is not None:
-        opt.update(normalise({"beam": options["beam"]}, file=file, source="option"))
-    if options.get("n_detector") is not None:
-        opt["n_detector"] = _integer(options["n_detector"], file=file, field="n_detector")
-    if angles is not None:
-        opt["angles"] = _angles_from(angles, degrees=True, file=file, field="angles")
-    n_angles = None
-    if options.get("n_angles") is not None:
-        n_angles = _integer(options["n_angles"], file=file, field="n_angles")
+    if go.image_size is not None:
+        opt["image_shape"] = _shape(go.image_size, file=file, field="image_size")
+    for key in ("pixel_size", "detector_spacing", "source_origin", "origin_detector",
+                "center_offset", "beam", "n_detector"):
+        if getattr(go, key) is not None:
+            opt[key] = getattr(go, key)
+    rad = go.angles_rad()
+    if rad is not None:
+        opt["angles"] = _angles_from(rad, degrees=False, file=file, field="angles")
+    n_angles = go.n_angles if rad is None else None
     part = merge(part, opt, file=file, base_name="the geometry option",
                  extra_name="the other options")
     if n_angles is not None and "angles" in part and len(part["angles"]) != n_angles:
         raise InputError(f"n_angles={n_angles} but {len(part['angles'])} angles were given",
                          file=file, field="n_angles")
-    return part, n_angles
+    return part, n_angles, go.angle_unit
 
 
 def default_image_side(beam: str, n_detector: int, spacing: float, pixel: float,
                        source_origin: float | None = None,
-                       origin_detector: float | None = None) -> int:
+                       origin_detector: float | None = None,
+                       center_offset: float = 0.0) -> int:
     """Largest square image side whose inscribed disc the detector sees.
 
-    For parallel beam with ``pixel == spacing`` this is ``n_detector``.
+    For parallel beam with ``pixel == spacing`` this is ``n_detector``
+    (less twice the centre-of-rotation offset).
     """
-    width = n_detector * spacing
+    width = max(n_detector - 2 * abs(center_offset), 1) * spacing
     if beam == "parallel":
         radius = width / 2
     else:
@@ -244,7 +286,9 @@ def resolve(part: dict[str, Any], *, n_angles_data: int, n_detector_data: int,
         if n_angles_opt is None:
             raise InputError(
                 f"no projection angles for the {n_angles_data} data rows: the file has none; "
-                "pass angles= (degrees) or n_angles=, or put a geometry in a sidecar JSON",
+                "give angles, or angle_first/angle_last/n_angles, or n_angles alone for "
+                "equispaced angles over 180 deg (--angles, --angle-first ... on the command "
+                "line, [geometry] in TOML), or put them in a sidecar JSON",
                 file=file, field="angles")
         if n_angles_opt != n_angles_data:
             raise InputError(f"n_angles={n_angles_opt} but the data have {n_angles_data} "
@@ -293,12 +337,15 @@ def resolve(part: dict[str, Any], *, n_angles_data: int, n_detector_data: int,
         if pixel <= 0 or spacing <= 0 or (beam == "fan" and (src <= 0 or det < 0)):
             side = 2  # let Geometry report the bad value below
         else:
-            side = default_image_side(beam, n_detector_data, spacing, pixel, src, det)
+            side = default_image_side(beam, n_detector_data, spacing, pixel, src, det,
+                                      g.get("center_offset", 0.0))
         shape = (side, side)
     try:
         return Geometry(image_shape=shape, angles=angles, n_detector=n_detector_data,
                         pixel_size=pixel, detector_spacing=spacing, beam=beam,
                         source_origin=src if beam == "fan" else None,
-                        origin_detector=det if beam == "fan" else None)
+                        origin_detector=det if beam == "fan" else None,
+                        center_offset=g.get("center_offset", 0.0),
+                        image_offset=g.get("image_offset", (0.0, 0.0)))
     except InputError as exc:
         raise InputError(exc.message, file=file, field=exc.field) from exc

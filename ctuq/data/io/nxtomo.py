@@ -59,17 +59,12 @@ def _version() -> str:
 def is_nxtomo_entry(group, *, file) -> bool:
     """True for a group holding ``instrument/detector`` (normally with its
     ``data``) or declaring ``definition = "NXtomo"``."""
-    try:
-        # an NXdetector without data is still an NXtomo entry, with a missing field
-        if DETECTOR_DATA in group or "instrument/detector" in group:
-            return True
-        if "definition" in group:
-            ds = group["definition"]
-            if hasattr(ds, "shape"):
-                return (attr_str(ds[()]) or "").strip() == "NXtomo"
-    except (KeyError, OSError, ValueError, RuntimeError, TypeError) as exc:
-        raise InputError(f"cannot be inspected: corrupt file ({exc})", file=file,
-                         field=group.name) from exc
+    # an NXdetector without data is still an NXtomo entry, with a missing field
+    if H.exists(group, "instrument/detector", file=file):
+        return True
+    ds = H.get(group, "definition", file=file, kind="any")
+    if isinstance(ds, H.h5py.Dataset):
+        return (attr_str(H.read(ds, file=file)) or "").strip() == "NXtomo"
     return False
 
 
@@ -77,12 +72,13 @@ def nxtomo_entries(f, *, file) -> list[str]:
     """Names of the top-level groups of ``f`` that are NXtomo entries."""
     out = []
     try:
-        items = list(f.items())
+        names = list(f.keys())
     except (KeyError, OSError, ValueError, RuntimeError) as exc:
         raise InputError(f"cannot list the file's contents: corrupt file ({exc})",
                          file=file) from exc
-    for name, obj in items:
-        if obj is not None and hasattr(obj, "keys") and is_nxtomo_entry(obj, file=file):
+    for name in names:
+        obj = H.get(f, name, file=file, kind="any")
+        if isinstance(obj, H.h5py.Group) and is_nxtomo_entry(obj, file=file):
             out.append(name)
     return out
 
@@ -95,7 +91,8 @@ def _first(entry, names, *, file):
     return None
 
 
-def load_nxtomo(f, entry_name: str, *, file, raw: bool | None = None) -> Loaded:
+def load_nxtomo(f, entry_name: str, *, file, raw: bool | None = None,
+                angle_unit: str | None = None) -> Loaded:
     """Read one NXtomo entry of an open HDF5 file.
 
     Frames are selected by ``image_key`` (0 projection, 1 flat, 2 dark,
@@ -147,7 +144,7 @@ def load_nxtomo(f, entry_name: str, *, file, raw: bool | None = None) -> Loaded:
     ang_ds = _first(entry, ["sample/rotation_angle", "data/rotation_angle"], file=file)
     if ang_ds is not None:
         ang = angles_rad(H.read(ang_ds, file=file), H.attr(ang_ds, "units", file=file),
-                         file=file, field=ang_ds.name)
+                         file=file, field=ang_ds.name, unit=angle_unit)
         if ang.size == n_frames:
             ang = ang[is_proj]
         elif ang.size != n_proj:

@@ -21,10 +21,12 @@ import numpy as np
 from ctuq.data.io import _hdf5 as H
 from ctuq.data.io import _resolve
 from ctuq.data.io._common import (angles_rad, attr_str, check_array, check_input_file,
-                                  check_shape, errors_name_the_file, loads, sniff)
+                                  check_shape, check_size, errors_name_the_file, loads,
+                                  read_limits, sniff)
 from ctuq.data.io._loaded import Loaded, quantity_is_raw, to_line_integrals
 from ctuq.data.io.nxtomo import is_nxtomo_entry, load_nxtomo, nxtomo_entries
-from ctuq.data.io.results import is_result_file
+from ctuq.data.io.result_file import is_result_file
+from ctuq.data.io.sidecar import read_sidecar, sidecar_path
 from ctuq.data.io.sinogram import Sinogram
 from ctuq.errors import InputError
 
@@ -56,8 +58,7 @@ def _hdf5_kind(f, p: Path) -> str:
         return "result"
     if nxtomo_entries(f, file=p):
         return "nxtomo"
-    ex = H.get(f, "exchange", file=p, kind="any")
-    if ex is not None and H.get(f, "exchange/data", file=p, kind="any") is not None:
+    if H.exists(f, "exchange", file=p) and H.exists(f, "exchange/data", file=p):
         return "dxchange"
     return "hdf5"
 
@@ -96,7 +97,7 @@ def _sinogram_layout_3d(data: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(data.transpose(1, 0, 2)) if data.ndim == 3 else data
 
 
-def load_dxchange(f, *, file, raw: bool | None = None) -> Loaded:
+def load_dxchange(f, *, file, raw: bool | None = None, angle_unit: str | None = None) -> Loaded:
     """``/exchange/data`` (projections), ``data_white``, ``data_dark``, ``theta`` (degrees
     unless its ``units`` attribute says radians)."""
     ds = H.get(f, "exchange/data", file=file, required=True)
@@ -119,7 +120,7 @@ def load_dxchange(f, *, file, raw: bool | None = None) -> Loaded:
     th = H.get(f, "exchange/theta", file=file)
     if th is not None:
         ang = angles_rad(H.read(th, file=file), H.attr(th, "units", file=file), file=file,
-                         field=th.name)
+                         field=th.name, unit=angle_unit)
         if ang.size != values.shape[0]:
             raise InputError(f"has {ang.size} angles for {values.shape[0]} projections in "
                              "/exchange/data", file=file, field=th.name)
@@ -170,13 +171,13 @@ def _list_datasets(f) -> list[str]:
     return out
 
 
-def _load_hdf5(p: Path, *, dataset, raw, format) -> Loaded:
+def _load_hdf5(p: Path, *, dataset, raw, format, angle_unit=None) -> Loaded:
     with H.open_h5(p) as f:
         if dataset is not None:
             obj = H.get(f, dataset, file=p, kind="any", required=True)
             if isinstance(obj, H.h5py.Group):
                 if is_nxtomo_entry(obj, file=p):
-                    return load_nxtomo(f, dataset, file=p, raw=raw)
+                    return load_nxtomo(f, dataset, file=p, raw=raw, angle_unit=angle_unit)
                 raise InputError("is a group; name the dataset holding the sinogram", file=p,
                                  field=dataset)
             return load_plain_hdf5(f, dataset, file=p, raw=raw)
@@ -191,24 +192,55 @@ def _load_hdf5(p: Path, *, dataset, raw, format) -> Loaded:
                                  field="/entry/instrument/detector/data")
             if len(entries) > 1:
                 raise InputError(f"holds {len(entries)} NXtomo entries ({', '.join(entries)}); "
-                                 "choose one with dataset=", file=p, field="entry")
-            return load_nxtomo(f, entries[0], file=p, raw=raw)
+                                 "choose one with the dataset option (--dataset)", file=p,
+                                 field="entry")
+            return load_nxtomo(f, entries[0], file=p, raw=raw, angle_unit=angle_unit)
         if kind == "dxchange":
-            return load_dxchange(f, file=p, raw=raw)
+            return load_dxchange(f, file=p, raw=raw, angle_unit=angle_unit)
         if kind != "hdf5":
             raise InputError(f"is an HDF5 file, not {kind}", file=p, field="format")
         names = _list_datasets(f)
         if len(names) != 1:
             listing = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
             raise InputError(
-                "is neither NXtomo nor DXchange; name the sinogram dataset with dataset= "
-                f"({'no datasets' if not names else 'datasets: ' + listing})", file=p,
-                field="dataset")
+                "is neither NXtomo nor DXchange; name the sinogram dataset with the dataset "
+                f"option (--dataset) ({'no datasets' if not names else 'datasets: ' + listing})",
+                file=p, field="dataset")
         log.info("%s: reading its only dataset %s", p, names[0])
         return load_plain_hdf5(f, names[0], file=p, raw=raw)
 
 
+def _npy_header(fh, *, file, field: str, ndims=(2, 3), numeric: bool = True):
+    """Shape and dtype of a ``.npy`` stream from its header, checked before reading."""
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+    else:
+        raise InputError(f"unsupported .npy format version {version}", file=file, field=field)
+    if dtype.hasobject:
+        raise InputError("holds Python objects (pickled); a number array is needed",
+                         file=file, field=field)
+    if numeric and dtype.kind not in "iuf":
+        raise InputError(f"has a non-numeric dtype ({dtype}); a real number array is needed",
+                         file=file, field=field)
+    if ndims is not None and len(shape) not in ndims:
+        raise InputError(f"has {len(shape)} dimension(s) {tuple(shape)}; 2 or 3 expected",
+                         file=file, field=field)
+    check_size(shape, dtype, file=file, field=field)
+    return shape, fortran, dtype
+
+
 def _load_npy(p: Path, *, raw) -> Loaded:
+    with open(p, "rb") as fh:
+        shape, _, dtype = _npy_header(fh, file=p, field="array")
+        header_end = fh.tell()
+    need = int(np.prod(shape)) * dtype.itemsize
+    if p.stat().st_size - header_end < need:
+        raise InputError(f"is truncated: the header declares {tuple(shape)} {dtype} "
+                         f"({need} bytes) but the file holds {p.stat().st_size - header_end}",
+                         file=p, field="array")
     arr = np.load(p, allow_pickle=False)
     meta: dict = {}
     data = to_line_integrals(check_shape(arr, file=p, field="array", ndims=(2, 3)),
@@ -224,9 +256,25 @@ def _npz_text(z, key, *, file) -> str:
     return s
 
 
+def _npz_check(p: Path, keys) -> None:
+    """Check each npz member's header (dtype, size) before it is inflated."""
+    import zipfile
+
+    with zipfile.ZipFile(p) as zf:
+        names = set(zf.namelist())
+        for key in keys:
+            name = f"{key}.npy" if f"{key}.npy" in names else key
+            if name not in names:
+                continue
+            with zf.open(name) as fh:
+                _npy_header(fh, file=p, field=key, ndims=None,
+                            numeric=key not in ("geometry", "meta"))
+
+
 def _load_npz(p: Path, *, dataset, raw) -> Loaded:
     with np.load(p, allow_pickle=False) as z:
         keys = list(z.files)
+        _npz_check(p, keys)
         if dataset is not None:
             if dataset not in keys:
                 raise InputError(f"no array named {dataset!r} (arrays: {', '.join(keys)})",
@@ -238,7 +286,7 @@ def _load_npz(p: Path, *, dataset, raw) -> Loaded:
             rest = [k for k in keys if k not in _NPZ_EXTRAS]
             if len(rest) != 1:
                 raise InputError("cannot tell which array is the sinogram: name it 'sinogram' "
-                                 f"or pass dataset= (arrays: {', '.join(keys) or 'none'})",
+                                 f"or set the dataset option, --dataset (arrays: {', '.join(keys) or 'none'})",
                                  file=p, field="sinogram")
             key = rest[0]
         ignored = [k for k in keys if k != key and k not in _NPZ_EXTRAS]
@@ -312,6 +360,8 @@ def _read_tiff_array(tifffile, p: Path) -> np.ndarray:
         if len(tif.series) != 1:
             raise InputError(f"holds {len(tif.series)} image series; ctuq reads a single 2-D "
                              "image or a stack of equal pages", file=p, field="series")
+        series = tif.series[0]
+        check_size(series.shape, series.dtype, file=p, field="image")
         for i, page in enumerate(tif.pages):
             if getattr(page, "samplesperpixel", 1) > 1:
                 raise InputError("is a colour/multi-sample image; a grey-scale sinogram is "
@@ -324,7 +374,7 @@ def _read_tiff_array(tifffile, p: Path) -> np.ndarray:
         return tif.asarray()
 
 
-def _load(p: Path, *, dataset, raw, format) -> Loaded:
+def _load(p: Path, *, dataset, raw, format, angle_unit=None) -> Loaded:
     kind = sniff(p)
     if kind is None:
         _unrecognised(p)
@@ -334,9 +384,10 @@ def _load(p: Path, *, dataset, raw, format) -> Loaded:
             raise InputError(f"format={format!r} but the content is {kind}", file=p,
                              field="format")
     if dataset is not None and kind not in ("hdf5", "npz"):
-        raise InputError("dataset= applies to HDF5 and .npz files only", file=p, field="dataset")
+        raise InputError("the dataset option applies to HDF5 and .npz files only", file=p,
+                         field="dataset")
     if kind == "hdf5":
-        return _load_hdf5(p, dataset=dataset, raw=raw, format=format)
+        return _load_hdf5(p, dataset=dataset, raw=raw, format=format, angle_unit=angle_unit)
     try:
         if kind == "npy":
             return _load_npy(p, raw=raw)
@@ -351,51 +402,11 @@ def _load(p: Path, *, dataset, raw, format) -> Loaded:
                          file=p) from exc
 
 
-# -- sidecar -----------------------------------------------------------------
-def sidecar_path(path) -> Path | None:
-    """The sidecar JSON of a data file: ``<stem>.json`` or ``<name>.json``
-    next to it, or None. Both present is ambiguous (InputError)."""
-    p = Path(os.fspath(path))
-    cands = [c for c in dict.fromkeys([p.with_suffix(".json"), p.with_name(p.name + ".json")])
-             if c != p and c.is_file()]
-    if len(cands) > 1:
-        raise InputError(f"two sidecar files ({cands[0].name}, {cands[1].name}); keep one",
-                         file=p, field="sidecar")
-    return cands[0] if cands else None
-
-
-def read_sidecar(path) -> tuple[dict, dict]:
-    """Parse a sidecar JSON: either a (partial) ``Geometry.to_dict()`` dict,
-    or ``{"geometry": {...}, "meta": {...}}``.
-
-    Returns
-    -------
-    geometry : dict
-        Internal partial geometry.
-    meta : dict
-    """
-    sp = Path(os.fspath(path))
-    try:
-        text = sp.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the sidecar ({exc})", file=sp) from exc
-    d = loads(text, file=sp, field="sidecar", kind=dict)
-    meta: dict = {}
-    if "geometry" in d:
-        extra = sorted(set(d) - {"geometry", "meta"})
-        if extra:
-            raise InputError("unknown sidecar key (known: geometry, meta)", file=sp,
-                             field=extra[0])
-        meta = d.get("meta") or {}
-        if not isinstance(meta, dict):
-            raise InputError("must be a JSON object", file=sp, field="meta")
-        d = d["geometry"]
-    return _resolve.normalise(d, file=sp, source="geometry"), dict(meta)
-
-
 # -- public entry point --------------------------------------------------------
 def read_sinogram(path, *, dataset: str | None = None, angles=None, geometry=None,
                   raw: bool | None = None, format: str | None = None,
+                  convention: str = "astra", max_memory_gib: float | None = None,
+                  allow_external: bool = False, assume_angles: bool = False,
                   **geometry_options) -> Sinogram:
     """Read a sinogram file of any supported format, with its geometry.
 
@@ -408,7 +419,8 @@ def read_sinogram(path, *, dataset: str | None = None, angles=None, geometry=Non
         HDF5: the dataset holding the sinogram (plain layout), or an NXtomo
         entry group when the file holds several. ``.npz``: the array's key.
     angles : array_like, optional
-        Projection angles in **degrees**, shape ``(n_angles,)``.
+        Projection angles, shape ``(n_angles,)``, in ``angle_unit`` (default
+        degrees).
     geometry : Geometry or dict, optional
         A full or partial geometry (dict in :meth:`Geometry.to_dict` form).
     raw : bool, optional
@@ -419,11 +431,32 @@ def read_sinogram(path, *, dataset: str | None = None, angles=None, geometry=Non
         integrals. Never guessed from the values.
     format : str, optional
         Insist on one of ``nxtomo, dxchange, hdf5, npy, npz, tiff``.
+    convention : {'astra', 'skimage'}
+        ``'astra'`` (default): ctuq's convention, also tomopy's, NXtomo's and
+        DXchange's (``[angle, detector]`` rows). ``'skimage'``: the data are
+        scikit-image ``radon`` output: its centre of rotation (see
+        :meth:`Sinogram.from_skimage`) and, in ``.npy``, ``.npz``, TIFF and
+        plain HDF5 files, its ``[detector, angle]`` layout (NXtomo and
+        DXchange fix ``[angle, detector]``).
+    max_memory_gib : float, optional
+        Memory budget: arrays whose declared size needs more are refused
+        before they are read. Default: half the physical memory.
+    allow_external : bool
+        Follow HDF5 external links, external raw storage and virtual
+        datasets (they read other files). Default False.
+    assume_angles : bool
+        When no source gives angles, assume equispaced angles over 180 deg
+        (360 deg for fan beam) instead of refusing, and set
+        ``meta['angles_assumed']`` (for a viewer that shows them for
+        checking). Default False.
     **geometry_options
-        ``image_size`` (int or pair; or ``image_shape``), ``pixel_size``,
-        ``detector_spacing``, ``beam`` ('parallel'/'fan'), ``source_origin``,
-        ``origin_detector`` (mm), ``n_detector``, ``n_angles`` (equispaced
-        angles over 180 deg, 360 deg for fan beam, when no source gives angles).
+        :class:`~ctuq.data.io.options.GeometryOptions` fields:
+        ``image_size`` (int or pair; alias ``image_shape``), ``pixel_size``,
+        ``detector_spacing``, ``beam``, ``source_origin``, ``origin_detector``
+        (mm), ``n_detector``, ``angle_first``/``angle_last``/``n_angles``
+        (equispaced, both ends included), ``n_angles`` alone (equispaced over
+        180 deg, 360 deg for fan beam, when no source gives angles),
+        ``angle_unit`` ('deg'/'rad'), ``center_offset`` (detector pixels).
 
     Returns
     -------
@@ -436,10 +469,12 @@ def read_sinogram(path, *, dataset: str | None = None, angles=None, geometry=Non
     ------
     InputError
         For every problem with the file or the options: missing, directory,
-        empty, unrecognised, corrupt or truncated; missing fields; wrong
-        dimensions or dtype; NaN/Inf; non-positive intensities; angle count
-        different from the data rows; missing or contradictory geometry
-        (file vs sidecar vs options). The message names the file and field.
+        empty, unrecognised, corrupt or truncated; missing or corrupt fields;
+        sizes over the memory budget; external links; wrong dimensions or
+        dtype; NaN/Inf; non-positive intensities; implausible angle units;
+        angle count different from the data rows; missing or contradictory
+        geometry (file vs sidecar vs options). The message names the file
+        and field.
 
     Notes
     -----
@@ -450,32 +485,66 @@ def read_sinogram(path, *, dataset: str | None = None, angles=None, geometry=Non
     defaults of fields nobody gives (image side: ``n_detector`` for parallel
     beam, pixel size = detector spacing / magnification).
     """
+    from ctuq.data.conventions import check_convention, from_skimage_layout, skimage_offsets
+
     p = check_input_file(path)
     if raw not in (None, True, False):
-        raise InputError(f"must be True, False or None, got {raw!r}", file=p, field="raw")
+        raise InputError(f"must be true, false or unset, got {raw!r}", file=p, field="raw")
     if format is not None and format not in SINOGRAM_FORMATS:
         raise InputError(f"unknown format {format!r} (known: {', '.join(SINOGRAM_FORMATS)})",
                          file=p, field="format")
-    with errors_name_the_file(p):
-        opt_part, n_angles = _resolve.from_options(angles=angles, geometry=geometry,
-                                                   options=geometry_options, file=p)
-        loaded = _load(p, dataset=dataset, raw=raw, format=format)
+    try:
+        convention = check_convention(convention)
+    except InputError as exc:
+        raise InputError(exc.message, file=p, field=exc.field) from None
+    with errors_name_the_file(p), read_limits(
+            None if max_memory_gib is None else int(float(max_memory_gib) * 1024**3),
+            allow_external):
+        opt_part, n_angles, unit = _resolve.from_options(angles=angles, geometry=geometry,
+                                                         options=geometry_options, file=p)
+        side = None
+        sp = sidecar_path(p) if sniff(p) in SIDECAR_FORMATS else None
+        if sp is not None:
+            side = read_sidecar(sp)
+            side[0].pop("angle_unit", None)  # it applied to the sidecar's own angles
+        loaded = _load(p, dataset=dataset, raw=raw, format=format, angle_unit=unit)
+        data = loaded.data
+        if convention == "skimage" and loaded.format in SIDECAR_FORMATS:
+            # formats without a fixed layout hold radon's [detector, angle] as it is;
+            # NXtomo and DXchange fix [angle, detector]: only the centre differs
+            data = from_skimage_layout(data)
         part, meta = loaded.geometry, dict(loaded.meta)
-        if loaded.format in SIDECAR_FORMATS:
-            sp = sidecar_path(p)
-            if sp is not None:
-                side_geom, side_meta = read_sidecar(sp)
-                part = _resolve.merge(part, side_geom, file=p, base_name="the file",
-                                      extra_name=f"the sidecar {sp.name}")
-                meta = {**side_meta, **meta}
-                meta["sidecar"] = str(sp)
+        if side is not None and loaded.format in SIDECAR_FORMATS:
+            side_geom, side_meta = side
+            side_n = side_geom.pop("n_angles", None)
+            if side_n is not None:
+                if n_angles is not None and n_angles != side_n:
+                    raise InputError(f"n_angles={n_angles} in the options but {side_n} in the "
+                                     f"sidecar {sp.name}", file=p, field="n_angles")
+                n_angles = side_n
+            part = _resolve.merge(part, side_geom, file=p, base_name="the file",
+                                  extra_name=f"the sidecar {sp.name}")
+            meta = {**side_meta, **meta}
+            meta["sidecar"] = str(sp)
         part = _resolve.merge(part, opt_part, file=p, base_name="the file",
                               extra_name="the options")
-        n_rows, n_det = loaded.data.shape[-2:]
+        n_rows, n_det = data.shape[-2:]
+        if assume_angles and "angles" not in part and n_angles is None:
+            n_angles = n_rows
+            meta["angles_assumed"] = True
+        if convention == "skimage":
+            shape = part.get("image_shape", (n_det, n_det))
+            if shape[0] != shape[1]:
+                raise InputError("scikit-image's radon takes square images; image_size must "
+                                 "be one number", file=p, field="image_size")
+            sk = skimage_offsets(n_det, shape[0])
+            part = _resolve.merge(part, {"image_shape": tuple(shape), **sk}, file=p,
+                                  base_name="the options", extra_name="the skimage convention")
+            meta["convention"] = "skimage"
         geom = _resolve.resolve(part, n_angles_data=n_rows, n_detector_data=n_det,
                                 n_angles_opt=n_angles, detector_distance=loaded.detector_distance,
                                 file=p)
         meta.update(source=os.path.abspath(p), format=loaded.format)
-        sino = Sinogram(loaded.data, geom, meta, loaded.ground_truth)
+        sino = Sinogram(data, geom, meta, loaded.ground_truth)
     log.info("read %s: %s, %s", p, loaded.format, sino.geometry)
     return sino

@@ -61,6 +61,13 @@ class Sinogram:
         if not isinstance(self.meta, dict):
             raise InputError(f"must be a dict, got {type(self.meta).__name__}", field="meta")
         self.meta = dict(self.meta)
+        if self.meta.get("noise_std") is not None:
+            v = self.meta["noise_std"]
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                    or not np.isfinite(v) or v <= 0:
+                raise InputError(f"must be a positive finite number (the noise std of the "
+                                 f"data), got {v!r}", file=src, field="meta.noise_std")
+            self.meta["noise_std"] = float(v)
         data = check_array(self.data, file=src, field="data", ndims=(2, 3))
         n_angles, n_det = data.shape[-2:]
         if n_angles != self.geometry.n_angles:
@@ -123,6 +130,62 @@ class Sinogram:
         """Iterate over the 2-D sinograms of the slices."""
         for i in range(self.n_slices):
             yield self.slice(i)
+
+    # -- other conventions ----------------------------------------------------
+    @classmethod
+    def from_skimage(cls, radon_image, theta=None, *, image_size: int | None = None,
+                     circle: bool = True, pixel_size: float = 1.0, meta: dict | None = None,
+                     ground_truth=None) -> "Sinogram":
+        """A sinogram made by ``skimage.transform.radon(image, theta, circle=circle)``.
+
+        Parameters
+        ----------
+        radon_image : array_like, shape (n_detector, n_angles)
+            scikit-image's layout (a stack ``(n_slices, n_detector, n_angles)``
+            is accepted too).
+        theta : array_like, optional
+            The angles given to ``radon``, in **degrees**. Default
+            ``np.arange(180)`` (scikit-image's default).
+        image_size : int, optional
+            Side of the image given to ``radon``. Default: inferred from the
+            number of detector bins and ``circle``.
+        circle : bool
+            As given to ``radon``. Default True (its default).
+        pixel_size : float
+            mm per pixel. Default 1 (scikit-image sums over pixels).
+        meta, ground_truth
+            As for :class:`Sinogram`; a ground truth is the image given to
+            ``radon``, in its own orientation.
+
+        Returns
+        -------
+        Sinogram
+            ``[n_angles, n_detector]`` data in ctuq's convention; the geometry
+            carries scikit-image's centre (``center_offset``, ``image_offset``;
+            see :mod:`ctuq.data.conventions`), so the reconstruction comes out
+            aligned with the image ``radon`` was given.
+        """
+        from ctuq.data.conventions import from_skimage_layout, skimage_geometry
+
+        arr = np.asarray(radon_image)
+        if arr.ndim not in (2, 3):
+            raise InputError(f"has {arr.ndim} dimension(s); (n_detector, n_angles) expected",
+                             field="radon_image")
+        geometry = skimage_geometry(arr.shape[-2], theta, image_size=image_size,
+                                    circle=circle, pixel_size=pixel_size)
+        return cls(from_skimage_layout(arr), geometry,
+                   {"convention": "skimage", **(meta or {})}, ground_truth)
+
+    def to_skimage(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(radon_image, theta_deg)`` for ``skimage.transform.iradon``.
+
+        Exact only for a geometry made by :meth:`from_skimage` (scikit-image
+        has no centre-of-rotation parameter); the data are transposed to
+        ``[..., n_detector, n_angles]``.
+        """
+        from ctuq.data.conventions import to_skimage_layout
+
+        return to_skimage_layout(self.data), self.geometry.angles_deg.copy()
 
     # -- comparison ---------------------------------------------------------
     def __eq__(self, other) -> bool:

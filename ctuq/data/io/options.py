@@ -1,0 +1,190 @@
+"""Geometry and read options: one set of names for the CLI, TOML, the API,
+sidecar files and napari.
+
+:class:`GeometryOptions` says what a user knows about the acquisition (any
+subset; the rest comes from the file or from documented defaults), and
+:class:`ReadOptions` how to read the file. Both validate themselves through
+:mod:`ctuq.fields`, so a bad value is the same clear error whichever way it
+came in. TOML::
+
+    [geometry]
+    image_size = 128            # pixels (or [rows, columns])
+    pixel_size = 0.1            # mm
+    angle_first = 0.0           # with angle_last and n_angles: equispaced, both ends included
+    angle_last = 179.0
+    n_angles = 180
+    angle_unit = "deg"          # deg | rad (also for file angles without a units attribute)
+    center_offset = 1.5         # detector pixels (tomopy's center - n_detector/2)
+
+    [read]
+    dataset = "/entry/data/data"
+    raw = true                  # intensities: -log(I / I0) with flats/darks
+    convention = "astra"        # astra (= tomopy, NXtomo, DXchange) | skimage
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ctuq.data.conventions import CONVENTIONS
+from ctuq.data.io._common import angle_unit_name
+from ctuq.errors import InputError
+from ctuq.fields import build, setting, specs, validate
+
+#: Formats accepted by ``format=``.
+FORMATS = ("nxtomo", "dxchange", "hdf5", "npy", "npz", "tiff")
+
+
+def _unit(value: str) -> str:
+    try:
+        return angle_unit_name(value)
+    except InputError as exc:
+        raise ValueError(exc.message) from None
+
+
+@dataclass(frozen=True)
+class GeometryOptions:
+    """What the user says about the acquisition geometry (every field optional).
+
+    A field given here and also by the file (or its sidecar) must agree with
+    it; fields nobody gives get the defaults of
+    :func:`ctuq.data.io._resolve.resolve`.
+    """
+
+    image_size: Any = setting(None, kind=int, pair=True, minimum=2, maximum=65536, unit="px",
+                              doc="Reconstructed image side in pixels, or [rows, columns].")
+    pixel_size: float | None = setting(None, kind=float, greater_than=0, maximum=1e6,
+                                       unit="mm", doc="Side of one image pixel.")
+    detector_spacing: float | None = setting(None, kind=float, greater_than=0, maximum=1e6,
+                                             unit="mm",
+                                             doc="Distance between detector pixel centres.")
+    n_detector: int | None = setting(None, kind=int, minimum=1, maximum=10**6,
+                                     doc="Detector pixels (checked against the data).")
+    beam: str | None = setting(None, kind=str, choices=("parallel", "fan"),
+                               doc="Beam shape: parallel or fan (flat detector).")
+    source_origin: float | None = setting(None, kind=float, greater_than=0, maximum=1e9,
+                                          unit="mm",
+                                          doc="Fan beam: source to rotation axis distance.")
+    origin_detector: float | None = setting(None, kind=float, minimum=0, maximum=1e9,
+                                            unit="mm",
+                                            doc="Fan beam: rotation axis to detector distance.")
+    angles: list | None = setting(None, kind=list, item=float,
+                                  doc="Projection angles, one per data row (angle_unit).")
+    angle_first: float | None = setting(None, kind=float,
+                                        doc="First angle of equispaced angles (angle_unit).")
+    angle_last: float | None = setting(None, kind=float,
+                                       doc="Last angle of equispaced angles (angle_unit).")
+    n_angles: int | None = setting(None, kind=int, minimum=1, maximum=10**6,
+                                   doc="Number of angles; alone: equispaced over 180 deg "
+                                       "(parallel) or 360 deg (fan).")
+    angle_unit: str | None = setting(None, kind=str, check=_unit,
+                                     doc="deg or rad: unit of the angles given here and of "
+                                         "file angles without a units attribute.")
+    center_offset: float | None = setting(None, kind=float, minimum=-1e6, maximum=1e6,
+                                          unit="detector px",
+                                          doc="Centre of rotation: the axis projects this many "
+                                              "pixels right of the detector centre.")
+
+    def __post_init__(self):
+        validate(self, prefix="geometry")
+        ends = (self.angle_first is None, self.angle_last is None)
+        if ends[0] != ends[1]:
+            raise InputError("give angle_first and angle_last together",
+                             field="geometry.angle_last" if ends[1] else "geometry.angle_first")
+        if self.angle_first is not None:
+            if self.angles is not None:
+                raise InputError("give either angles or angle_first/angle_last/n_angles",
+                                 field="geometry.angles")
+            if self.n_angles is None:
+                raise InputError("angle_first and angle_last need n_angles",
+                                 field="geometry.n_angles")
+            if self.n_angles > 1 and self.angle_first == self.angle_last:
+                raise InputError("angle_first equals angle_last: every angle the same",
+                                 field="geometry.angle_last")
+        if self.angles is not None and self.n_angles is not None and \
+                len(self.angles) != self.n_angles:
+            raise InputError(f"n_angles={self.n_angles} but {len(self.angles)} angles are "
+                             "given", field="geometry.n_angles")
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str = "geometry") -> "GeometryOptions":
+        return build(cls, {k: v for k, v in d.items() if v is not None}, prefix)
+
+    def to_dict(self) -> dict:
+        """The fields that are set (JSON-able)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def angles_rad(self) -> np.ndarray | None:
+        """The angles given (explicit, or first/last/count), in radians; None if none."""
+        unit = self.angle_unit or "deg"
+        if self.angles is not None:
+            a = np.asarray(self.angles, dtype=np.float64)
+        elif self.angle_first is not None:
+            a = np.linspace(self.angle_first, self.angle_last, self.n_angles)
+        else:
+            return None
+        return np.deg2rad(a) if unit == "deg" else a
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How to read a sinogram file."""
+
+    dataset: str | None = setting(None, kind=str,
+                                  doc="HDF5 dataset (or NXtomo entry) / npz key of the "
+                                      "sinogram.")
+    raw: bool | None = setting(None, kind=bool,
+                               doc="true: raw intensities (-log with flats/darks); false: "
+                                   "line integrals; default: as the file says.")
+    format: str | None = setting(None, kind=str, choices=FORMATS,
+                                 doc="Insist on one format.")
+    convention: str = setting("astra", kind=str, choices=CONVENTIONS,
+                              doc="astra (= tomopy, NXtomo, DXchange) or skimage (radon's "
+                                  "[detector, angle] layout and centre).")
+    max_memory_gib: float | None = setting(None, kind=float, greater_than=0, maximum=1e6,
+                                           unit="GiB",
+                                           doc="Memory budget of a read and of the image "
+                                               "(default: half the physical memory).")
+    allow_external: bool = setting(False, kind=bool,
+                                   doc="Follow HDF5 external links / external storage.")
+    isolate: bool = setting(True, kind=bool,
+                            doc="Read each file in a child process (a crashing or hanging "
+                                "HDF5 library cannot take the caller down).")
+    read_timeout: float = setting(300.0, kind=float, greater_than=0, maximum=1e6, unit="s",
+                                  doc="Time limit of an isolated read.")
+
+    def __post_init__(self):
+        validate(self, prefix="read")
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str = "read") -> "ReadOptions":
+        return build(cls, dict(d), prefix)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def max_bytes(self) -> int:
+        """The budget in bytes (0: the default, half the physical memory)."""
+        return 0 if self.max_memory_gib is None else int(self.max_memory_gib * 1024**3)
+
+    def reader_kwargs(self) -> dict:
+        """Keyword arguments of :func:`ctuq.data.io.read_sinogram`."""
+        return {"dataset": self.dataset, "raw": self.raw, "format": self.format,
+                "convention": self.convention, "max_memory_gib": self.max_memory_gib,
+                "allow_external": self.allow_external}
+
+
+#: Names of the geometry options (``read_sinogram(**geometry_options)``).
+GEOMETRY_OPTION_NAMES = tuple(specs(GeometryOptions))
+#: Names of the read options.
+READ_OPTION_NAMES = tuple(specs(ReadOptions))
