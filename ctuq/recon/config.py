@@ -107,6 +107,17 @@ class UncertaintyConfig:
     preconditioner_rank : int
         Rank of the Nyström preconditioner. Default 100 (the presets for
         64² and larger raise it, see :data:`UNCERTAINTY_DEFAULTS`).
+    model_error : {'heldout', 'calibrated', 'conformal', 'none'}
+        The fit's own error beside the posterior (:mod:`ctuq.recon.model_error`):
+        per scan from held-out projections, from coefficients calibrated on
+        simulated scans (``model_error_file``, or the preset's shipped file),
+        a conformal scaling of the posterior std from the same file, or none.
+        Default ``'heldout'``.
+    heldout_every : int
+        ``'heldout'``: leave out every n-th angle in the second fit. Default 6.
+    model_error_file : str or None
+        ``'calibrated'``/``'conformal'``: a file written by ``ctuq calibrate``.
+        Default None: the preset's shipped file.
     """
 
     prior: str = setting("gprior", kind=str, choices=("matern", "ard", "gprior"),
@@ -137,6 +148,13 @@ class UncertaintyConfig:
                                doc="CG iteration cap.")
     preconditioner_rank: int = setting(100, kind=int, minimum=1, maximum=100_000,
                                        doc="Rank of the Nystrom preconditioner.")
+    model_error: str = setting("heldout", kind=str,
+                               choices=("heldout", "calibrated", "conformal", "none"),
+                               doc="The fit's own error: heldout, calibrated, conformal, none.")
+    heldout_every: int = setting(6, kind=int, minimum=2, maximum=10_000,
+                                 doc="heldout: leave out every n-th angle.")
+    model_error_file: str | None = setting(None, kind=str,
+                                           doc="calibrated/conformal: a ctuq calibrate file.")
 
     def __post_init__(self):
         validate(self, prefix="uncertainty")

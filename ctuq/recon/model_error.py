@@ -50,12 +50,35 @@ from torch import Tensor
 
 from ctuq.errors import InputError
 
-__all__ = ["METHODS", "ModelErrorCoefficients", "edge_strength", "model_error_variance",
+__all__ = ["METHODS", "ModelErrorCoefficients", "coefficients_for", "edge_strength", "model_error_variance",
            "fit_to_truth", "fit_heldout", "heldout_fit", "heldout_split", "conformal_scale",
            "edge_mask"]
 
 METHODS = ("none", "heldout", "calibrated", "conformal")
 FILE_FORMAT = "ctuq-model-error"
+
+
+#: Coefficients shipped per preset (``ctuq calibrate`` on the tuning split).
+DEFAULTS_DIR = Path(__file__).with_name("model_error_defaults")
+
+
+def coefficients_for(preset: str, path=None) -> "ModelErrorCoefficients":
+    """The calibration of ``path``, or the one shipped for ``preset``.
+
+    Raises
+    ------
+    InputError
+        No file given and none shipped for the preset, or a bad file.
+    """
+    if path is not None:
+        return ModelErrorCoefficients.load(path)
+    shipped = DEFAULTS_DIR / f"{preset}.json"
+    if not shipped.is_file():
+        raise InputError(f"ctuq ships no model-error calibration for preset {preset!r}: run "
+                         f"'ctuq calibrate --preset {preset} --out FILE' and set "
+                         "uncertainty.model_error_file = FILE, or use model_error = 'heldout'",
+                         field="uncertainty.model_error_file")
+    return ModelErrorCoefficients.load(shipped)
 
 
 def _img(x) -> Tensor:
@@ -124,7 +147,8 @@ class ModelErrorCoefficients:
         How they were obtained: ``'heldout'``, ``'calibrated'``, ``'conformal'``
         or ``'none'``.
     conformal : float
-        Multiplier of the total std (1 unless ``method == 'conformal'``).
+        Multiplier of the posterior std used by the ``'conformal'`` method
+        (:func:`conformal_scale` on the calibration scans); 1 when not fitted.
     info : dict
         Provenance: what they were fitted on (JSON-able).
     """

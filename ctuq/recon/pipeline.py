@@ -35,6 +35,7 @@ endpoint=False), image_size=28)`` (angles in degrees unless ``angle_unit='rad'``
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -164,7 +165,8 @@ def reconstruct(sinogram, config: ReconstructionConfig | None = None, *,
     -------
     Result
         ``reconstruction`` (the DIP output, the posterior mean shown to users),
-        ``std`` (posterior std), ``variance``, a few posterior ``samples``,
+        ``std`` (total std: ``posterior_std`` and ``model_error_std`` together,
+        :mod:`ctuq.recon.model_error`), ``variance`` (total), a few posterior ``samples``,
         ``fbp``, ``dip``, learned ``hyperparameters``, the ``em_trace``,
         ``metrics`` (with a ground truth), the effective ``config``, the
         ``provenance`` (versions, threads, device) and, in memory only, the
@@ -217,6 +219,7 @@ def reconstruct(sinogram, config: ReconstructionConfig | None = None, *,
                   for o in outs]
     return Result(
         reconstruction=stack("mean"), std=stack("std"), variance=stack("variance"),
+        posterior_std=stack("posterior_std"), model_error_std=stack("model_error_std"),
         samples=stack("samples") if first["samples"] is not None else None,
         fbp=stack("fbp"), dip=stack("mean"),
         ground_truth=sinogram.ground_truth, geometry=sinogram.geometry,
@@ -293,6 +296,62 @@ def posterior_uncertainty(dip, op: RayTransform, y: torch.Tensor, noise_std: flo
             "options": options}
 
 
+def model_error_stage(dip, op: RayTransform, y: torch.Tensor, noise_var: float,
+                      unc: UncertaintyConfig, posterior_variance: torch.Tensor, preset: str, *,
+                      progress: Callable | None = None,
+                      cancel: Callable[[], bool] | None = None) -> dict:
+    """The model-error variance beside the posterior's (:mod:`ctuq.recon.model_error`).
+
+    Parameters
+    ----------
+    dip : DIPResult
+        The fit on all angles (its settings are reused by ``'heldout'``).
+    op : RayTransform
+    y : Tensor, shape (n_angles, n_detector)
+    noise_var : float
+        ``σ²`` of the measurements (the EM's, learned or known).
+    unc : UncertaintyConfig
+        ``model_error``, ``heldout_every``, ``model_error_file``.
+    posterior_variance : Tensor, shape (H, W)
+    preset : str
+        Picks the shipped calibration when no file is named.
+    progress, cancel : callable, optional
+
+    Returns
+    -------
+    dict
+        ``variance`` (``[H, W]`` float64 on the CPU), ``coefficients``
+        (:class:`~ctuq.recon.model_error.ModelErrorCoefficients`) and
+        ``seconds``.
+    """
+    from ctuq.recon import model_error as me
+
+    t0 = time.perf_counter()
+    x_hat = dip.reconstruction.detach().cpu()
+    var_post = posterior_variance.detach().double().cpu()
+    method = unc.model_error
+    emit_progress(progress, "model error", 0, 1, method)
+    if method == "none":
+        coeffs, var = me.ModelErrorCoefficients(), torch.zeros_like(var_post)
+    elif method == "heldout":
+        mask, dip_in = me.heldout_fit(y, op, dip.config, every=unc.heldout_every,
+                                      noise_std=math.sqrt(noise_var), progress=progress,
+                                      cancel=cancel)
+        check_cancel(cancel, "reconstruction")
+        coeffs = me.fit_heldout(op, y, mask, dip_in.reconstruction.detach().cpu(), var_post,
+                                noise_var)
+        var = coeffs.variance(x_hat, var_post)
+    else:
+        coeffs = me.coefficients_for(preset, unc.model_error_file)
+        if method == "calibrated":
+            var = coeffs.variance(x_hat, var_post)
+        else:  # conformal: total std = q · posterior std, never below the posterior's
+            var = (max(coeffs.conformal, 1.0) ** 2 - 1.0) * var_post
+    emit_progress(progress, "model error", 1, 1, f"{method}: t0 {coeffs.t0:.3g}, "
+                  f"s1 {coeffs.s1:.3g}")
+    return {"variance": var, "coefficients": coeffs, "seconds": time.perf_counter() - t0}
+
+
 def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, cancel) -> dict:
     from ctuq.recon import predictive
     from ctuq.recon.evidence import options_summary
@@ -322,24 +381,35 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
         seed=config.seed, progress=progress, cancel=cancel)
     timings.update(unc_out["timings"])
     post, image_samples = unc_out["posterior"], unc_out["image_samples"]
-    variance, std = unc_out["variance"], unc_out["std"]
+    var_post = unc_out["variance"].double().cpu()
+    preset = config.preset_for(geometry.image_shape)
+    me_out = model_error_stage(dip, op, y, float(post.noise_var), unc, var_post, preset,
+                               progress=progress, cancel=cancel)
+    timings["model_error"] = me_out["seconds"]
+    variance = var_post + me_out["variance"]
+    std = variance.sqrt()
 
     mean = dip.reconstruction.detach()
     metrics = {}
     if sino.ground_truth is not None:
         truth = np.asarray(sino.ground_truth, dtype=np.float32)
-        metrics = flat_metrics(predictive.summary(truth, mean.cpu(), std.cpu(),
+        metrics = flat_metrics(predictive.summary(truth, mean.cpu(), std,
                                                   samples=image_samples.cpu()))
         metrics["psnr_fbp"] = predictive.psnr(truth, fbp.cpu().numpy())
+        post_only = predictive.summary(truth, mean.cpu(), var_post.sqrt(), patch_sizes=())
+        metrics["pixel_log_likelihood_posterior"] = post_only["pixel_log_likelihood"]
+        metrics["coverage_2sigma_posterior"] = post_only["coverage"]["2"]
     timings["total"] = time.perf_counter() - t_start
     effective = {"preset": config.preset_for(geometry.image_shape), "device": str(device),
                  "seed": config.seed, "backend": op.backend, "noise_std": noise_std,
                  "noise_std_known": noise_known, "dip": dip.config.to_dict(),
                  "uncertainty": asdict(unc), "evidence": options_summary(unc_out["options"]),
-                 "timings_s": timings}
+                 "model_error": me_out["coefficients"].to_dict(), "timings_s": timings}
     k = min(unc.stored_samples, unc.predictive_samples)
     return {
-        "mean": mean.cpu().numpy(), "std": std.cpu().numpy(), "variance": variance.cpu().numpy(),
+        "mean": mean.cpu().numpy(), "std": std.float().numpy(),
+        "variance": variance.float().numpy(), "posterior_std": var_post.sqrt().float().numpy(),
+        "model_error_std": me_out["variance"].sqrt().float().numpy(),
         "samples": (mean + image_samples[:k]).cpu().numpy() if k else None,
         "fbp": fbp.cpu().numpy(), "metrics": metrics, "hyperparameters": post.hyperparameters(),
         "trace": post.trace, "config": effective, "device": str(device),

@@ -26,12 +26,13 @@ Layout (see ``docs/file_formats.md``)::
       data/                             NXdata @signal="data" @axes=["y","x"] or
                                         ["slice","y","x"], @<axis>_indices
         data         posterior mean  [H, W] or [S, H, W] float32 @units
-        data_errors  posterior std   (same shape) @units
+        data_errors  total std: posterior and model error (same shape) @units
         y, x         pixel centres, @units = "mm" ("pixel" without a geometry);
                      y grows upwards (row 0 has the largest y), x to the right
         [slice]      slice index
       uncertainty/                      NXcollection  [if any]
-        variance, samples [k,H,W] / [S,k,H,W], fbp, dip    @units
+        variance (total), posterior_std, model_error_std,
+        samples [k,H,W] / [S,k,H,W], fbp, dip              @units
       metrics/                          NXcollection  [if any]: one float per metric
 
 A result may hold a single image (napari's export of one layer, e.g. the std

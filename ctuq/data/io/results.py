@@ -20,10 +20,14 @@ from ctuq.errors import InputError
 log = logging.getLogger(__name__)
 
 DEFINITION = "NXtomoproc"
-_ARRAYS = ("reconstruction", "std", "variance", "samples", "fbp", "dip", "ground_truth")
-_UNCERTAINTY = ("variance", "samples", "fbp", "dip")
+_ARRAYS = ("reconstruction", "std", "variance", "posterior_std", "model_error_std", "samples",
+           "fbp", "dip", "ground_truth")
+_UNCERTAINTY = ("variance", "posterior_std", "model_error_std", "samples", "fbp", "dip")
 #: Images of a result, in the order a single-image file picks its signal.
-_IMAGES = ("reconstruction", "std", "fbp", "dip", "ground_truth", "variance")
+_IMAGES = ("reconstruction", "std", "fbp", "dip", "ground_truth", "variance", "posterior_std",
+           "model_error_std")
+#: Images that are standard deviations or variances (never negative).
+_SPREADS = ("std", "variance", "posterior_std", "model_error_std")
 #: Units of metrics by name prefix (the others are dimensionless).
 _METRIC_UNITS = {"psnr": "dB", "seconds": "s"}
 
@@ -55,11 +59,17 @@ class Result:
     reconstruction : array_like, shape (H, W) or (S, H, W), optional
         Posterior mean image(s), float32.
     std : array_like, same shape, optional
-        Posterior standard deviation (>= 0). At least one image
-        (reconstruction, std, variance, fbp, dip, ground truth) is needed; a
-        result of one image is what napari's export of a single layer writes.
+        Total standard deviation (>= 0): the linearised posterior's and the
+        model error's together, ``std² = posterior_std² + model_error_std²``.
+        At least one image (reconstruction, std, variance, fbp, dip, ground
+        truth, posterior_std, model_error_std) is needed; a result of one
+        image is what napari's export of a single layer writes.
     variance : array_like, optional
-        Posterior variance, same shape (>= 0).
+        Total variance, same shape (>= 0).
+    posterior_std, model_error_std : array_like, optional
+        The two parts of ``std``: the spread of the linearised posterior (the
+        data's uncertainty given the fitted network) and the model-error term
+        (the fit's own bias, :mod:`ctuq.recon.model_error`), same shape.
     samples : array_like, optional
         A subset of posterior samples, ``(k, H, W)`` or ``(S, k, H, W)``.
     fbp, dip, ground_truth : array_like, optional
@@ -102,6 +112,8 @@ class Result:
     reconstruction: np.ndarray | None = None
     std: np.ndarray | None = None
     variance: np.ndarray | None = None
+    posterior_std: np.ndarray | None = None
+    model_error_std: np.ndarray | None = None
     samples: np.ndarray | None = None
     fbp: np.ndarray | None = None
     dip: np.ndarray | None = None
@@ -132,7 +144,7 @@ class Result:
             if rec is not None and arr.shape != rec.shape:
                 raise InputError(f"has shape {arr.shape}; the other images have {rec.shape}",
                                  field=name)
-            if name in ("std", "variance") and np.any(arr < 0):
+            if name in _SPREADS and np.any(arr < 0):
                 raise InputError("has negative values", field=name)
             setattr(self, name, arr)
             rec = arr if rec is None else rec

@@ -1,0 +1,100 @@
+"""The model-error stage of the pipeline: the decomposition of the total std,
+each method, the calibration file, and what the result file holds."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+import ctuq
+from ctuq.data.geometry import Geometry
+from ctuq.data.operators import RayTransform
+from ctuq.data.phantoms import digits
+from ctuq.data.simulate import simulate_sinogram
+from ctuq.errors import InputError
+from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _config(**unc):
+    return ctuq.ReconstructionConfig(
+        preset="reference-28", threads=1, dip={"iterations": 60},
+        uncertainty={"em_steps": 1, "n_samples": 2, "predictive_samples": 16,
+                     "stored_samples": 0, "predcp": False, "preconditioner_rank": 8,
+                     "cg_max_iter": 40, **unc})
+
+
+@pytest.fixture(scope="module")
+def scan():
+    g = Geometry.parallel(28, n_angles=24)
+    truth = digits(1)[0]
+    y, sigma = simulate_sinogram(truth, RayTransform(g), 0.05, seed=1)
+    return ctuq.Sinogram(y.numpy(), g, {"noise_std": sigma}, ground_truth=truth)
+
+
+@pytest.fixture(scope="module")
+def heldout(scan):
+    return ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4))
+
+
+def test_total_variance_is_posterior_plus_model_error(heldout):
+    r = heldout
+    np.testing.assert_allclose(r.std.astype(np.float64) ** 2,
+                               r.posterior_std.astype(np.float64) ** 2
+                               + r.model_error_std.astype(np.float64) ** 2, rtol=1e-4)
+    np.testing.assert_allclose(r.variance, r.std.astype(np.float64) ** 2, rtol=1e-4)
+    assert r.model_error_std.max() > 0  # the held-out projections saw a model error
+    me = r.config["model_error"]
+    assert me["method"] == "heldout" and me["info"]["heldout_angles"] == 6
+
+
+def test_model_error_is_largest_on_edges(heldout):
+    e = edge_strength(heldout.reconstruction).numpy()
+    m = heldout.model_error_std
+    if heldout.config["model_error"]["s1"] > 0:
+        assert m[e > 0.5 * e.max()].mean() > m[e == 0].mean()
+
+
+def test_metrics_report_the_total_and_the_posterior_alone(heldout):
+    m = heldout.metrics
+    assert m["coverage_2sigma"] >= m["coverage_2sigma_posterior"]
+    assert np.isfinite(m["pixel_log_likelihood_posterior"])
+
+
+def test_result_file_holds_the_decomposition(heldout, tmp_path):
+    path = heldout.save(tmp_path / "r.ctuq.h5")
+    with h5py.File(path) as f:
+        total = f["entry/data/data_errors"][()]
+        post = f["entry/uncertainty/posterior_std"][()]
+        model = f["entry/uncertainty/model_error_std"][()]
+        assert f["entry/uncertainty/model_error_std"].attrs["units"] == "1/mm"
+    np.testing.assert_allclose(total.astype(np.float64) ** 2,
+                               post.astype(np.float64) ** 2 + model.astype(np.float64) ** 2,
+                               rtol=1e-4)
+    back = ctuq.data.io.read_result(path)
+    np.testing.assert_array_equal(back.model_error_std, heldout.model_error_std)
+
+
+def test_none_keeps_the_posterior_alone(scan):
+    r = ctuq.reconstruct(scan, _config(model_error="none"))
+    assert r.model_error_std.max() == 0
+    np.testing.assert_allclose(r.std, r.posterior_std, rtol=1e-6)
+
+
+def test_calibrated_and_conformal_use_the_named_file(scan, tmp_path):
+    path = ModelErrorCoefficients(2.0, 0.3, "calibrated", conformal=1.5).save(tmp_path / "c.json")
+    cal = ctuq.reconstruct(scan, _config(model_error="calibrated", model_error_file=str(path)))
+    var_post = cal.posterior_std.astype(np.float64) ** 2
+    want = 4.0 * var_post.mean() + 0.09 * edge_strength(cal.reconstruction).numpy() ** 2
+    np.testing.assert_allclose(cal.model_error_std.astype(np.float64) ** 2, want, rtol=1e-3,
+                               atol=1e-10)
+    conf = ctuq.reconstruct(scan, _config(model_error="conformal", model_error_file=str(path)))
+    np.testing.assert_allclose(conf.std, 1.5 * conf.posterior_std, rtol=1e-4)
+
+
+def test_missing_calibration_is_one_clear_error(scan, tmp_path):
+    with pytest.raises(InputError, match="no such model-error file"):
+        ctuq.reconstruct(scan, _config(model_error="calibrated",
+                                       model_error_file=str(tmp_path / "none.json")))
