@@ -1,0 +1,145 @@
+"""Model-error coefficients calibrated on simulated scans (``ctuq calibrate``).
+
+The ``'calibrated'`` and ``'conformal'`` model-error methods
+(:mod:`ctuq.recon.model_error`) need coefficients fitted where the truth is
+known. :func:`calibrate` simulates scans of a family of objects the user
+picks (ctuq's phantom families, from the *tuning* split of
+:mod:`ctuq.data.splits`, never the images that validation or testing use),
+reconstructs each with the pipeline's own settings and no model error, and
+fits
+
+- ``t0``, ``s1`` by the pixel likelihood of the truths
+  (:func:`~ctuq.recon.model_error.fit_to_truth`), for ``'calibrated'``;
+- the split-conformal multiplier of the posterior std
+  (:func:`~ctuq.recon.model_error.conformal_scale`), for ``'conformal'``.
+
+The result is a small JSON file that ``uncertainty.model_error_file`` names.
+It describes the scans it was fitted on (size, angles, noise levels,
+families): it transfers to scans like those, and ``ctuq calibrate`` should
+be rerun for another preset, noise level or kind of object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ctuq.data.splits import FAMILIES, cases
+from ctuq.errors import InputError
+from ctuq.progress import check_cancel, emit_progress
+from ctuq.recon.config import ReconstructionConfig
+from ctuq.recon.model_error import ModelErrorCoefficients, conformal_scale, fit_to_truth
+
+__all__ = ["calibrate", "calibration_scans"]
+
+log = logging.getLogger(__name__)
+
+
+def calibration_scans(size: int, *, families: Sequence[str] | None = None,
+                      n_per_family: int = 2, angles: Sequence[int] = (30, 60),
+                      noise_levels: Sequence[float] = (0.01, 0.05), start: int = 0):
+    """The simulated scans of a calibration: every case at every condition.
+
+    Yields ``(case, n_angles, noise_level, Sinogram)``; the cases come from
+    the tuning split, and each condition gets its own noise draw.
+    """
+    from ctuq.data.geometry import Geometry
+    from ctuq.data.io import Sinogram
+    from ctuq.data.operators import RayTransform
+    from ctuq.data.simulate import simulate_sinogram
+
+    families = FAMILIES["tuning"] if families is None else tuple(families)
+    for n_angles in angles:
+        geometry = Geometry.parallel(size, n_angles)
+        op = RayTransform(geometry)
+        for j, noise in enumerate(noise_levels):
+            for case in cases("tuning", families, n_per_family, size=size, start=start):
+                truth = case.image()
+                offset = (len(noise_levels) * list(angles).index(n_angles) + j) % 100
+                y, sigma = simulate_sinogram(truth, op, float(noise),
+                                             seed=case.noise_seed(offset))
+                yield case, n_angles, noise, Sinogram(
+                    y.cpu().numpy(), geometry, {"noise_std": sigma}, ground_truth=truth)
+
+
+def calibrate(size: int, config: ReconstructionConfig | None = None, *,
+              families: Sequence[str] | None = None, n_per_family: int = 2,
+              angles: Sequence[int] = (30, 60), noise_levels: Sequence[float] = (0.01, 0.05),
+              progress: Callable | None = None, cancel: Callable[[], bool] | None = None,
+              scans=None) -> ModelErrorCoefficients:
+    """Fit the model-error coefficients for images of side ``size`` on simulated scans.
+
+    Parameters
+    ----------
+    size : int
+        Image side in pixels (the preset follows from it unless ``config``
+        names one).
+    config : ReconstructionConfig, optional
+        The settings the coefficients are for (default: the defaults); its
+        ``uncertainty.model_error`` is overridden with ``'none'``.
+    families : sequence of str, optional
+        Phantom families of the tuning split (default all of them).
+    n_per_family : int
+        Images per family and condition. Default 2.
+    angles : sequence of int
+        Numbers of parallel-beam angles. Default (30, 60).
+    noise_levels : sequence of float
+        Noise std relative to the mean ``|A x|``. Default (0.01, 0.05).
+    progress, cancel : callable, optional
+        Progress events ``('calibrate', i, n, message)`` and the
+        reconstructions' own stages.
+    scans : iterable, optional
+        ``(label, Sinogram with ground truth)`` pairs instead of the simulated
+        ones (e.g. a user's own scans with known truth).
+
+    Returns
+    -------
+    ModelErrorCoefficients
+        ``method='calibrated'``, with ``t0``, ``s1``, ``conformal`` and in
+        ``info`` what it was fitted on and the fit's log-likelihood.
+    """
+    config = config or ReconstructionConfig()
+    config = config.merged({"uncertainty": {"model_error": "none"}})
+    if families is not None:
+        bad = [f for f in families if f not in FAMILIES["tuning"]]
+        if bad:
+            raise InputError(f"unknown family {bad[0]!r}; choose from "
+                             f"{', '.join(FAMILIES['tuning'])}", field="families")
+    if scans is None:
+        scans = [(f"{c.name} {a} angles {n:.0%}", s) for c, a, n, s in calibration_scans(
+            size, families=families, n_per_family=n_per_family, angles=angles,
+            noise_levels=noise_levels)]
+    scans = list(scans)
+    if not scans:
+        raise InputError("no calibration scans", field="families")
+    from ctuq.recon.pipeline import reconstruct
+
+    t0 = time.perf_counter()
+    truths, means, variances = [], [], []
+    preset = None
+    for i, (label, sino) in enumerate(scans):
+        check_cancel(cancel, "calibration")
+        emit_progress(progress, "calibrate", i, len(scans), label)
+        if sino.ground_truth is None:
+            raise InputError("a calibration scan needs its ground truth", field=label)
+        r = reconstruct(sino, config, progress=progress, cancel=cancel)
+        preset = preset or r.config["preset"]
+        truths.append(np.asarray(sino.ground_truth, np.float64))
+        means.append(r.reconstruction.astype(np.float64))
+        variances.append(r.posterior_std.astype(np.float64) ** 2)
+        log.info("calibration scan %d/%d (%s): PSNR %.2f dB", i + 1, len(scans), label,
+                 r.metrics.get("psnr", float("nan")))
+    emit_progress(progress, "calibrate", len(scans), len(scans), "fitting")
+    fitted = fit_to_truth(truths, means, variances)
+    q = conformal_scale(truths, means, [np.sqrt(v) for v in variances])
+    info = {**fitted.info, "preset": preset, "size": int(size),
+            "families": list(families or FAMILIES["tuning"]), "split": "tuning",
+            "angles": list(angles), "noise_levels": list(noise_levels),
+            "n_per_family": int(n_per_family), "scans": [label for label, _ in scans],
+            "seconds": time.perf_counter() - t0,
+            "uncertainty": {k: v for k, v in config.uncertainty.items()}}
+    return dataclasses.replace(fitted, conformal=max(q, 1e-6), info=info)

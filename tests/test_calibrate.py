@@ -1,0 +1,69 @@
+"""ctuq calibrate: coefficients from simulated scans of the tuning split."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ctuq.app.cli import main
+from ctuq.data.splits import DIGIT_RANGES
+from ctuq.recon.calibrate import calibration_scans
+from ctuq.recon.model_error import ModelErrorCoefficients
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = """
+preset = "reference-28"
+threads = 1
+[dip]
+iterations = 40
+[uncertainty]
+em_steps = 1
+n_samples = 2
+predictive_samples = 8
+predcp = false
+preconditioner_rank = 8
+cg_max_iter = 40
+"""
+
+
+def test_scans_come_from_the_tuning_split_with_one_noise_draw_per_condition():
+    scans = list(calibration_scans(28, families=["digits", "ellipses"], n_per_family=1,
+                                   angles=(10, 20), noise_levels=(0.01, 0.05)))
+    assert len(scans) == 8
+    for case, _, _, sino in scans:
+        assert case.split == "tuning" and sino.ground_truth is not None
+        if case.family == "digits":
+            assert DIGIT_RANGES["tuning"][0] <= case.phantom_seed < DIGIT_RANGES["tuning"][1]
+    # the same image at two noise levels: different draws, not a rescaled copy
+    a, b = [s for c, n_ang, _, s in scans if c.family == "digits" and n_ang == 20]
+    ratio = a.data / np.where(b.data == 0, 1, b.data)
+    assert np.ptp(ratio[np.abs(b.data) > 1e-3]) > 0.1
+
+
+def test_cli_writes_a_usable_coefficients_file(tmp_path: Path, capsys):
+    (tmp_path / "tiny.toml").write_text(TINY)
+    out = tmp_path / "me.json"
+    rc = main(["calibrate", "--out", str(out), "--size", "28", "--families", "digits",
+               "--n", "2", "--angles", "20", "--noise", "0.05",
+               "--config", str(tmp_path / "tiny.toml")])
+    assert rc == 0, capsys.readouterr().err
+    c = ModelErrorCoefficients.load(out)
+    assert c.method == "calibrated" and c.info["preset"] == "reference-28"
+    assert c.info["split"] == "tuning" and len(c.info["scans"]) == 2
+    assert np.isfinite([c.t0, c.s1, c.conformal]).all() and c.conformal > 0
+    # refused a second time without --overwrite, with exit 2 and no traceback
+    rc = main(["calibrate", "--out", str(out), "--size", "28", "--families", "digits",
+               "--config", str(tmp_path / "tiny.toml")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and "exists" in err
+
+
+@pytest.mark.parametrize("args, option", [(["--families", "cats"], "famil"),
+                                          (["--noise", "x"], "--noise"),
+                                          (["--n", "0"], "--n")])
+def test_cli_bad_values_exit_2(tmp_path: Path, capsys, args, option):
+    rc = main(["calibrate", "--out", str(tmp_path / "x.json"), *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and option in err and "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
