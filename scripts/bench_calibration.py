@@ -1,0 +1,398 @@
+#!/usr/bin/env python
+"""Calibration of ctuq's uncertainty on images no setting has seen (issue 21).
+
+Prints one JSON document on stdout (progress on stderr); with ``--docs DIR``
+also writes ``DIR/calibration.md`` (tables) and one reliability plot per size.
+
+**Cases** come from one split of :mod:`ctuq.data.splits` (``--split``; the
+README's numbers come from ``test``, defaults were chosen on
+``validation``): at 64², 30 and 60 parallel-beam angles × 1 % and 5 % noise;
+at 128², 60 angles × 1 % and 5 %; ``--per-family`` images of every family of
+the split per condition, each condition with its own images (indices run on
+across conditions), each scan with its own noise draw. Noise std known to
+every method.
+
+**Methods**, all on the same simulated scan and, where they share it, the
+same DIP+TV fit (the size's preset, default settings):
+
+- ``fbp``: FBP with :func:`ctuq.recon.baselines.fbp_variance` (propagated
+  noise + an iid term that explains the excess data residual);
+- ``mc_dropout``: MC-dropout DIP (p = 0.05, ``--mc-samples`` passes);
+- ``posterior`` / ``posterior_predcp``: ctuq's linearised posterior alone,
+  without / with TV-PredCP (the EM's MAP-II);
+- ``heldout`` / ``heldout_predcp``: + the model error from held-out projections;
+- ``calibrated`` / ``calibrated_predcp``: + the model error from the
+  preset's calibration file (``--calibration DIR``: ``<preset>.json``, made by
+  ``ctuq calibrate`` on the tuning split);
+- ``conformal`` / ``conformal_predcp``: the posterior std × the same file's
+  split-conformal multiplier;
+- ``default``: what ``ctuq reconstruct`` does with no settings (one of the
+  above, named in the document).
+
+**Scores** per method and image: ±1/2/3σ coverage overall, within one pixel
+of an edge of the truth and elsewhere (:func:`ctuq.recon.model_error.edge_mask`),
+per-pixel test log-likelihood with no variance floor, Spearman(std, |error|),
+PSNR, the reliability curve, wall time; summarised per size and condition by
+the mean and the worst image.
+
+Usage::
+
+    python scripts/bench_calibration.py --split test --sizes 64,128 --jobs 2 \\
+        --partial bench_calibration_cases.jsonl --docs docs > docs/bench_calibration.json
+    python scripts/bench_calibration.py --quick          # minutes: a smoke run
+
+``--partial FILE`` appends every finished case to FILE and reads it back on a
+rerun, so an interrupted run resumes where it stopped; with ``--arrays DIR``
+the images are kept too, and cases scored before a calibration file existed
+get their ``calibrated``/``conformal`` scores on the next run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import dataclasses
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/: shared helpers
+from bench_evidence import _clean, append_case, read_cases  # noqa: E402
+from bench_sampling import _machine  # noqa: E402
+
+log = logging.getLogger("bench_calibration")
+
+CONDITIONS = {64: [(30, 0.01), (30, 0.05), (60, 0.01), (60, 0.05)],
+              128: [(60, 0.01), (60, 0.05)], 28: [(20, 0.05)]}
+POSTERIOR_METHODS = ("posterior", "heldout", "calibrated", "conformal")
+LABELS = {"fbp": "FBP, residual variance", "mc_dropout": "MC-dropout DIP",
+          "posterior": "ctuq posterior only", "heldout": "ctuq + held-out model error",
+          "calibrated": "ctuq + calibrated model error",
+          "conformal": "ctuq posterior × conformal factor"}
+LEVELS = tuple(np.round(np.linspace(0.05, 0.95, 19), 2))
+
+
+def case_list(args) -> list[dict]:
+    from ctuq.data.splits import FAMILIES
+
+    out = []
+    for size in args.sizes:
+        for j, (n_angles, noise) in enumerate(CONDITIONS[size]):
+            for family in FAMILIES[args.split]:
+                for i in range(args.per_family):
+                    index = j * args.per_family + i
+                    out.append({"id": f"{args.split}/{family}/{index}/{size}/{n_angles}/"
+                                      f"{round(noise * 100)}",
+                                "split": args.split, "family": family, "index": index,
+                                "size": size, "n_angles": n_angles, "noise": noise,
+                                "condition": f"{n_angles} angles, {noise:.0%} noise"})
+    return sorted(out, key=lambda c: -c["size"])  # longest first
+
+
+def score(truth, mean, std) -> dict:
+    """Coverage (overall, edges, off edges), LL without floor, Spearman, reliability."""
+    from ctuq.recon import predictive
+    from ctuq.recon.model_error import edge_mask
+
+    t, m = np.asarray(truth, np.float64), np.asarray(mean, np.float64)
+    s = np.asarray(std, np.float64)
+    z = np.abs(t - m) / np.maximum(s, 1e-300)
+    edges = edge_mask(t).numpy()
+    var = np.maximum(s, 1e-300) ** 2
+    ll = -0.5 * ((t - m) ** 2 / var + np.log(var) + math.log(2 * math.pi))
+    out = {"psnr": predictive.psnr(t, m), "ssim": predictive.ssim(t, m),
+           "pixel_log_likelihood": float(ll.mean()),
+           "spearman": predictive.spearman_std_error(s, t - m), "mean_std": float(s.mean()),
+           "edge_fraction": float(edges.mean())}
+    for k in (1, 2, 3):
+        out[f"coverage_{k}"] = float((z <= k).mean())
+        out[f"coverage_{k}_edges"] = float((z[edges] <= k).mean()) if edges.any() else None
+        out[f"coverage_{k}_off_edges"] = float((z[~edges] <= k).mean()) \
+            if (~edges).any() else None
+    out["reliability"] = predictive.reliability(t, m, s, LEVELS)["observed"]
+    return out
+
+
+def run_case(case: dict, args) -> dict:
+    from ctuq.data.geometry import Geometry
+    from ctuq.data.operators import RayTransform
+    from ctuq.data.simulate import simulate_sinogram
+    from ctuq.data.splits import Case
+    from ctuq.recon import model_error as me
+    from ctuq.recon.baselines import fbp_variance
+    from ctuq.recon.config import ReconstructionConfig
+    from ctuq.recon.dip import fit_dip
+    from ctuq.recon.mc_dropout import fit_mc_dropout
+    from ctuq.recon.pipeline import posterior_uncertainty
+
+    torch.set_num_threads(args.threads)
+    c = Case(case["split"], case["family"], case["index"], case["size"])
+    truth = c.image()
+    op = RayTransform(Geometry.parallel(c.size, case["n_angles"]))
+    offset = CONDITIONS[c.size].index((case["n_angles"], case["noise"]))
+    y, sigma = simulate_sinogram(truth, op, case["noise"], seed=c.noise_seed(offset))
+    rcfg = ReconstructionConfig(seed=c.index, device="cpu", threads=args.threads,
+                                dip={"iterations": args.quick_iterations} if args.quick else {},
+                                uncertainty={"em_steps": 2} if args.quick else {})
+    dip_cfg, unc = rcfg.resolve((c.size, c.size))
+    preset = rcfg.preset_for((c.size, c.size))
+    out = {**case, "noise_std": sigma, "preset": preset, "methods": {}, "times_s": {},
+           "coefficients": {}}
+    m, times = out["methods"], out["times_s"]
+
+    t0 = time.perf_counter()
+    x_fbp, var_fbp, _ = fbp_variance(y, op, sigma, seed=c.noise_seed(offset))
+    times["fbp"] = time.perf_counter() - t0
+    m["fbp"] = score(truth, x_fbp, var_fbp.sqrt())
+
+    dip = fit_dip(y, op, dip_cfg.with_(progress_every=10**6), noise_std=sigma)
+    times["dip"] = dip.wall_time
+    x_hat = dip.reconstruction.detach().cpu()
+    t0 = time.perf_counter()
+    mask, dip_in = me.heldout_fit(y, op, dip.config, every=unc.heldout_every, noise_std=sigma)
+    times["heldout_fit"] = time.perf_counter() - t0
+    calibration = None
+    if args.calibration:
+        path = Path(args.calibration) / f"{preset}.json"
+        calibration = me.ModelErrorCoefficients.load(path) if path.exists() else None
+
+    arrays = {"truth": truth, "x_hat": x_hat.numpy()}
+    for predcp in (False, True):
+        suffix = "_predcp" if predcp else ""
+        u = posterior_uncertainty(dip, op, y, sigma, dataclasses.replace(unc, predcp=predcp),
+                                  learn_noise=False, seed=c.index)
+        var_post = u["variance"].double().cpu()
+        arrays["var_post" + suffix] = var_post.numpy()
+        times["posterior" + suffix] = sum(u["timings"].values())
+        m["posterior" + suffix] = {**score(truth, x_hat, var_post.sqrt()),
+                                   "g": u["posterior"].hyperparameters()["a_b"][0]}
+        t0 = time.perf_counter()
+        co = me.fit_heldout(op, y, mask, dip_in.reconstruction.detach().cpu(), var_post,
+                            sigma**2)
+        times["heldout" + suffix] = times["posterior" + suffix] + times["heldout_fit"] + (
+            time.perf_counter() - t0)
+        out["coefficients"]["heldout" + suffix] = {"t0": co.t0, "s1": co.s1}
+        m["heldout" + suffix] = score(truth, x_hat, (var_post + co.variance(x_hat, var_post))
+                                      .sqrt())
+        if calibration is not None:
+            m.update(calibrated_scores(truth, x_hat, var_post, calibration, suffix))
+            times["calibrated" + suffix] = times["conformal" + suffix] = \
+                times["posterior" + suffix]
+        log.info("%s: %s ±2σ %.3f (posterior %.3f), LL %.3f", case["id"], "heldout" + suffix,
+                 m["heldout" + suffix]["coverage_2"], m["posterior" + suffix]["coverage_2"],
+                 m["heldout" + suffix]["pixel_log_likelihood"])
+
+    if args.arrays:  # for rescoring with a calibration made later (--calibration)
+        Path(args.arrays).mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(Path(args.arrays) / (case["id"].replace("/", "_") + ".npz"),
+                            **arrays)
+    if not args.no_mc_dropout:
+        mc = fit_mc_dropout(y, op, dip_cfg.with_(progress_every=10**6),
+                            n_samples=args.mc_samples, noise_std=sigma)
+        times["mc_dropout"] = mc.wall_time
+        m["mc_dropout"] = score(truth, mc.mean, mc.std)
+    for name in m:  # the DIP fit is part of every DIP-based method's time
+        if name not in ("fbp", "mc_dropout"):
+            times[name] = times.get(name, 0.0) + times["dip"]
+    return _clean(out)
+
+
+def calibrated_scores(truth, x_hat, var_post, calibration, suffix: str) -> dict:
+    """Scores of the ``calibrated`` and ``conformal`` methods for one posterior variance."""
+    x_hat, var_post = torch.as_tensor(x_hat), torch.as_tensor(var_post, dtype=torch.float64)
+    return {"calibrated" + suffix: score(truth, x_hat,
+                                         (var_post + calibration.variance(x_hat, var_post))
+                                         .sqrt()),
+            "conformal" + suffix: score(truth, x_hat,
+                                        max(calibration.conformal, 1.0) * var_post.sqrt())}
+
+
+def rescore(results: list[dict], args) -> None:
+    """Add calibrated/conformal scores to cached cases that lack them (their arrays kept)."""
+    from ctuq.recon.model_error import ModelErrorCoefficients
+
+    for r in results:
+        path = Path(args.calibration) / f"{r['preset']}.json"
+        npz = Path(args.arrays or "") / (r["id"].replace("/", "_") + ".npz")
+        if "calibrated" in r["methods"] or not path.exists() or not npz.exists():
+            continue
+        cal = ModelErrorCoefficients.load(path)
+        arrays = np.load(npz)
+        for suffix in ("", "_predcp"):
+            r["methods"].update(_clean(calibrated_scores(
+                arrays["truth"], arrays["x_hat"], arrays["var_post" + suffix], cal, suffix)))
+            r["times_s"]["calibrated" + suffix] = r["times_s"]["conformal" + suffix] = \
+                r["times_s"]["posterior" + suffix]
+        r["rescored_with"] = str(path)
+
+
+def _worker(case, args):
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(message)s")
+    for name in ("ctuq",):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return run_case(case, args)
+
+
+def _summary(rows: list[dict], method: str) -> dict:
+    ms = [r["methods"][method] for r in rows if method in r["methods"]]
+    if not ms:
+        return {}
+    keys = [k for k in ms[0] if k not in ("reliability",) and isinstance(ms[0][k], (int, float))]
+    out = {"images": len(ms)}
+    for k in keys:
+        vals = [x[k] for x in ms if x.get(k) is not None]
+        out[k] = float(np.mean(vals)) if vals else None
+    for k in ("coverage_2", "coverage_2_edges", "pixel_log_likelihood", "spearman"):
+        vals = [x[k] for x in ms if x.get(k) is not None]
+        out[f"worst_{k}"] = float(np.min(vals)) if vals else None
+    out["reliability"] = np.mean([x["reliability"] for x in ms], 0).tolist()
+    times = [r["times_s"].get(method) for r in rows if r["times_s"].get(method) is not None]
+    out["time_s"] = float(np.mean(times)) if times else None
+    return out
+
+
+def summarize(results: list[dict], default: str) -> dict:
+    methods = sorted({k for r in results for k in r["methods"]})
+    out = {}
+    for size in sorted({r["size"] for r in results}):
+        rows = [r for r in results if r["size"] == size]
+        block = {"images": len(rows), "methods": {k: _summary(rows, k) for k in methods},
+                 "conditions": {}}
+        for cond in sorted({r["condition"] for r in rows}):
+            sub = [r for r in rows if r["condition"] == cond]
+            block["conditions"][cond] = {k: _summary(sub, k) for k in methods}
+        d = block["methods"].get(default, {})
+        if d:
+            fbp = block["methods"]["fbp"]
+            block["targets"] = {
+                "coverage_2_mean_in_90_99": 0.90 <= d["coverage_2"] <= 0.99,
+                "coverage_2_worst_image_at_least_85": d["worst_coverage_2"] >= 0.85,
+                "coverage_2_edges_at_least_85": d["coverage_2_edges"] >= 0.85,
+                "ll_above_fbp": d["pixel_log_likelihood"] > fbp["pixel_log_likelihood"],
+                "spearman_at_least_0.5": d["spearman"] >= 0.5}
+        out[str(size)] = block
+    return out
+
+
+def default_method() -> str:
+    """The method ``ctuq reconstruct`` runs with no settings, in this script's names."""
+    from ctuq.recon.config import UncertaintyConfig
+
+    unc = UncertaintyConfig()
+    base = "posterior" if unc.model_error == "none" else unc.model_error
+    return base + ("_predcp" if unc.predcp else "")
+
+
+def write_docs(doc: dict, folder: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [f"# Calibration benchmark ({doc['split']} split)", "",
+             f"Generated by `scripts/bench_calibration.py`; {doc['machine']['cpu']}, "
+             f"{doc['threads']} thread(s) per case, {doc['jobs']} case(s) at a time, "
+             f"{doc['date']}. Default method: `{doc['default']}`.", ""]
+    for size, block in doc["summary"].items():
+        lines += [f"## {size}² ({block['images']} images)", "",
+                  "| method | ±1σ | ±2σ | ±3σ | ±2σ edges | ±2σ off edges | worst ±2σ | "
+                  "LL | worst LL | Spearman | PSNR | s / image |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for name, s in block["methods"].items():
+            if not s:
+                continue
+            pct = lambda v: "–" if v is None else f"{100 * v:.1f}"  # noqa: E731
+            num = lambda v, f=".2f": "–" if v is None else format(v, f)  # noqa: E731
+            label = f"**{name}** (default)" if name == doc["default"] else name
+            lines.append(f"| {label} | {pct(s['coverage_1'])} | {pct(s['coverage_2'])} | "
+                         f"{pct(s['coverage_3'])} | {pct(s['coverage_2_edges'])} | "
+                         f"{pct(s['coverage_2_off_edges'])} | {pct(s['worst_coverage_2'])} | "
+                         f"{num(s['pixel_log_likelihood'])} | "
+                         f"{num(s['worst_pixel_log_likelihood'])} | {num(s['spearman'])} | "
+                         f"{num(s['psnr'])} | {num(s['time_s'], '.0f')} |")
+        lines.append("")
+        fig, ax = plt.subplots(figsize=(4.5, 4.5))
+        ax.plot([0, 1], [0, 1], "k:", lw=1)
+        for name, s in block["methods"].items():
+            if s and (name in ("fbp", "mc_dropout", doc["default"]) or
+                      name.replace("_predcp", "") == "posterior"):
+                ax.plot(LEVELS, s["reliability"], marker=".", label=name)
+        ax.set_xlabel("nominal coverage")
+        ax.set_ylabel("observed coverage")
+        ax.set_title(f"{size}², {doc['split']} split")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(folder / f"bench_calibration_{size}.png", dpi=110)
+        plt.close(fig)
+        lines += [f"![reliability {size}²](bench_calibration_{size}.png)", ""]
+    (folder / "calibration.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--split", default="test", choices=("tuning", "validation", "test"))
+    ap.add_argument("--sizes", default="64,128")
+    ap.add_argument("--per-family", type=int, default=1)
+    ap.add_argument("--calibration", default=None,
+                    help="folder of <preset>.json calibration files (default: the shipped ones)")
+    ap.add_argument("--mc-samples", type=int, default=128)
+    ap.add_argument("--no-mc-dropout", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--partial", default=None)
+    ap.add_argument("--arrays", default=None,
+                    help="keep each case's truth, reconstruction and posterior variances "
+                         "here, so that a later --calibration can rescore them")
+    ap.add_argument("--docs", default=None)
+    ap.add_argument("--quick", action="store_true", help="28², 2 families, few iterations")
+    ap.add_argument("--quick-iterations", type=int, default=100)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("ctuq").setLevel(logging.WARNING)
+    if args.calibration is None:
+        from ctuq.recon.model_error import DEFAULTS_DIR
+        args.calibration = str(DEFAULTS_DIR)
+    args.sizes = [28] if args.quick else [int(s) for s in args.sizes.split(",")]
+    cases = case_list(args)
+    if args.quick:
+        cases = [c for c in cases if c["family"] in ("ellipses", "digits")][:2]
+    done = read_cases(args.partial, "id")
+    todo = [c for c in cases if c["id"] not in done]
+    t0 = time.perf_counter()
+
+    def keep(res):
+        done[res["id"]] = res
+        append_case(args.partial, res)
+        log.info("finished %s (%d/%d)", res["id"], len(done), len(cases))
+
+    if args.jobs > 1 and len(todo) > 1:
+        with cf.ProcessPoolExecutor(args.jobs) as pool:
+            for fut in cf.as_completed([pool.submit(_worker, c, args) for c in todo]):
+                keep(fut.result())
+    else:
+        for c in todo:
+            keep(run_case(c, args))
+    results = [done[c["id"]] for c in cases]
+    rescore(results, args)
+    default = default_method()
+    doc = {"split": args.split, "sizes": args.sizes, "per_family": args.per_family,
+           "default": default, "calibration": args.calibration, "jobs": args.jobs,
+           "threads": args.threads, "machine": _machine(torch.device("cpu")),
+           "date": time.strftime("%Y-%m-%d"), "wall_time_s": time.perf_counter() - t0,
+           "summary": summarize(results, default), "cases": results}
+    if args.docs:
+        write_docs(doc, Path(args.docs))
+    json.dump(_clean(doc), sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
