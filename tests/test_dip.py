@@ -176,7 +176,7 @@ def test_defaults_per_size():
     assert cfg.preset == "reference-28" and cfg.unet_config().scales == 3
     big = DIPConfig.for_image_size(128)
     assert big.preset == "dip-128" and big.unet_config().scales == 5
-    assert DIPConfig.from_preset("dip-64", iterations=7).iterations == 7
+    assert DIPConfig.preset_defaults("dip-64", iterations=7).iterations == 7
     d = DIPConfig.for_image_size(64).to_dict()
     assert d["unet"]["channels"] == [32, 32, 32, 32]
     assert DIPConfig.from_dict(d).unet_config() == DIPConfig.for_image_size(64).unet_config()

@@ -46,6 +46,7 @@ from ctuq.errors import InputError
 from ctuq.fields import build, setting, validate
 from ctuq.models.unet import PRESETS, preset_name_for_size
 from ctuq.recon.dip import DIPConfig, check_device
+from ctuq.recon.presets import UNCERTAINTY_DEFAULTS
 
 try:  # Python 3.11+
     import tomllib
@@ -106,7 +107,7 @@ class UncertaintyConfig:
         CG iteration cap. Default 200.
     preconditioner_rank : int
         Rank of the Nyström preconditioner. Default 100 (the presets for
-        64² and larger raise it, see :data:`UNCERTAINTY_DEFAULTS`).
+        64² and larger raise it, see :mod:`ctuq.recon.presets`).
     model_error : {'heldout', 'calibrated', 'conformal', 'none'}
         The fit's own error beside the posterior (:mod:`ctuq.recon.model_error`):
         per scan from held-out projections, from coefficients calibrated on
@@ -158,31 +159,6 @@ class UncertaintyConfig:
 
     def __post_init__(self):
         validate(self, prefix="uncertainty")
-
-
-#: Uncertainty defaults per U-net preset (sizes grow, samples shrink). The
-#: PredCP refresh costs ``blocks × predcp_samples`` JVP+VJP pairs per EM step
-#: (11 × 32 = 352 at 64², more than the CG solve): the reference itself
-#: drops from 500 draws at 28² to 20 at 501², so larger presets use 16.
-#:
-#: The Nyström rank grows with the image: the number of eigenvalues of
-#: ``ΦΣΦᵀ`` above ``σ²`` does (ellipses, 60 angles, 5 % noise, initial
-#: g-prior: ``λ_100/σ²`` = 13 at 64², 55 at 256²), and CG needs about
-#: ``√(λ_r/σ²)`` times more iterations. Measured CG iterations of one solve
-#: (4 samples) for rank 100 / 200 / 400: 17 / 5 / – at 64², 26 / 9 / 4 at
-#: 128², 36 / 13 / 5 at 256²; the sketch costs ``2 (r + 10)`` products (6 /
-#: 13 s at 64², 21 / 41 / 82 s at 128², 82 / 164 / 336 s at 256², 2-core
-#: CPU). The ranks below give the least sketch + sampling time of a
-#: pipeline run (its E-steps and predictive draw).
-UNCERTAINTY_DEFAULTS: dict[str, dict] = {
-    "reference-28": dict(n_samples=16, predictive_samples=256),
-    "dip-64": dict(n_samples=8, predictive_samples=64, predcp_samples=16, em_steps=5,
-                   preconditioner_rank=200),
-    "dip-128": dict(n_samples=8, predictive_samples=64, predcp_samples=16,
-                    preconditioner_rank=200),
-    "dip-256": dict(n_samples=4, predictive_samples=32, predcp_samples=16, em_steps=4,
-                    preconditioner_rank=400),
-}
 
 
 @dataclass(frozen=True)

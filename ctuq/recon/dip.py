@@ -45,12 +45,12 @@ from ctuq.errors import Cancelled, InputError
 from ctuq.fields import setting, validate
 from ctuq.models.unet import UNet, UNetConfig, build_unet, preset_name_for_size, unet_preset
 from ctuq.recon.baselines import total_variation
+from ctuq.recon.presets import DIP_DEFAULTS
 from ctuq.progress import emit_progress
 
 __all__ = [
     "DIPConfig",
     "DIPResult",
-    "DEFAULTS",
     "fit_dip",
     "dip_tv_loss",
     "total_variation",
@@ -62,17 +62,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 WEIGHTS_FORMAT = "ctuq-unet-weights"
-
-#: Measured defaults per U-net preset (docs/dip.md has the measurements):
-#: iterations, peak learning rate and the TV weight factor (γ = factor · σ · r).
-DEFAULTS: dict[str, dict] = {
-    "reference-28": dict(iterations=700, lr=5e-3, tv_weight_factor=0.3),
-    "dip-64": dict(iterations=1000, lr=1e-2, tv_weight_factor=1.0),
-    "dip-128": dict(iterations=1500, lr=1e-2, tv_weight_factor=1.0),
-    "dip-256": dict(iterations=1500, lr=1e-2, tv_weight_factor=1.0),
-    "reference-large": dict(iterations=2000, lr=1e-4, tv_weight_factor=1.0),
-}
-
 
 def check_device(value: str) -> str:
     """A device name that exists here: auto, cpu, cuda, cuda:N, mps (ValueError if not)."""
@@ -108,7 +97,8 @@ class DIPConfig:
     Parameters
     ----------
     preset : str
-        U-net preset name (see :data:`ctuq.models.unet.PRESETS`).
+        Preset name (architecture :data:`ctuq.models.unet.PRESETS`, defaults
+        :mod:`ctuq.recon.presets`).
         Default ``"reference-28"``.
     unet : UNetConfig or None
         Explicit architecture; overrides ``preset`` when given.
@@ -159,9 +149,9 @@ class DIPConfig:
 
     preset: str = setting("reference-28", kind=str, doc="U-net preset name.")
     unet: UNetConfig | None = None
-    iterations: int = setting(DEFAULTS["reference-28"]["iterations"], kind=int, minimum=1,
+    iterations: int = setting(DIP_DEFAULTS["reference-28"]["iterations"], kind=int, minimum=1,
                               maximum=10_000_000, doc="Adam steps.")
-    lr: float = setting(DEFAULTS["reference-28"]["lr"], kind=float, greater_than=0,
+    lr: float = setting(DIP_DEFAULTS["reference-28"]["lr"], kind=float, greater_than=0,
                         maximum=10.0, doc="Peak learning rate.")
     lr_schedule: str = setting("cosine", kind=str, choices=("cosine", "constant"),
                                doc="Learning-rate schedule.")
@@ -171,7 +161,7 @@ class DIPConfig:
                           doc="Linear warm-up steps.")
     tv_weight: float | None = setting(None, kind=float, minimum=0, maximum=1e30,
                                       doc="TV weight (default: from the noise level).")
-    tv_weight_factor: float = setting(DEFAULTS["reference-28"]["tv_weight_factor"],
+    tv_weight_factor: float = setting(DIP_DEFAULTS["reference-28"]["tv_weight_factor"],
                                       kind=float, minimum=0, maximum=1e6,
                                       doc="TV weight = factor x noise std x column norm.")
     clip_grad_norm: float | None = setting(1.0, kind=float, greater_than=0, maximum=1e30,
@@ -201,12 +191,9 @@ class DIPConfig:
     # -- constructors ---------------------------------------------------------
     @classmethod
     def preset_defaults(cls, name: str, **changes) -> "DIPConfig":
-        """The measured defaults for U-net preset ``name`` (see :data:`DEFAULTS`)."""
+        """The measured defaults of preset ``name`` (:data:`ctuq.recon.presets.DIP_DEFAULTS`)."""
         unet_preset(name)
-        return cls(preset=name, **{**DEFAULTS.get(name, {}), **changes})
-
-    # ``DIPConfig.preset`` is a field; the classmethod is also exposed as ``from_preset``
-    from_preset = preset_defaults
+        return cls(preset=name, **{**DIP_DEFAULTS.get(name, {}), **changes})
 
     @classmethod
     def for_image_size(cls, image_size, **changes) -> "DIPConfig":

@@ -1,0 +1,48 @@
+"""Presets: the settings that depend on the image size, in one place.
+
+A preset is a U-net architecture (:data:`ctuq.models.unet.PRESETS`, the
+model zoo, chosen by name or by image size with
+:func:`ctuq.models.unet.preset_name_for_size`) together with the DIP and
+uncertainty defaults measured for it, both here. :class:`~ctuq.recon.dip.DIPConfig`
+and :class:`~ctuq.recon.config.ReconstructionConfig` read them; a user's
+overrides (TOML, CLI, API, napari) apply on top.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DIP_DEFAULTS", "UNCERTAINTY_DEFAULTS"]
+
+#: Measured defaults per U-net preset (docs/dip.md has the measurements):
+#: iterations, peak learning rate and the TV weight factor (γ = factor · σ · r).
+DIP_DEFAULTS: dict[str, dict] = {
+    "reference-28": dict(iterations=700, lr=5e-3, tv_weight_factor=0.3),
+    "dip-64": dict(iterations=1000, lr=1e-2, tv_weight_factor=1.0),
+    "dip-128": dict(iterations=1500, lr=1e-2, tv_weight_factor=1.0),
+    "dip-256": dict(iterations=1500, lr=1e-2, tv_weight_factor=1.0),
+    "reference-large": dict(iterations=2000, lr=1e-4, tv_weight_factor=1.0),
+}
+
+
+#: Uncertainty defaults per U-net preset (sizes grow, samples shrink). The
+#: PredCP refresh costs ``blocks × predcp_samples`` JVP+VJP pairs per EM step
+#: (11 × 32 = 352 at 64², more than the CG solve): the reference itself
+#: drops from 500 draws at 28² to 20 at 501², so larger presets use 16.
+#:
+#: The Nyström rank grows with the image: the number of eigenvalues of
+#: ``ΦΣΦᵀ`` above ``σ²`` does (ellipses, 60 angles, 5 % noise, initial
+#: g-prior: ``λ_100/σ²`` = 13 at 64², 55 at 256²), and CG needs about
+#: ``√(λ_r/σ²)`` times more iterations. Measured CG iterations of one solve
+#: (4 samples) for rank 100 / 200 / 400: 17 / 5 / – at 64², 26 / 9 / 4 at
+#: 128², 36 / 13 / 5 at 256²; the sketch costs ``2 (r + 10)`` products (6 /
+#: 13 s at 64², 21 / 41 / 82 s at 128², 82 / 164 / 336 s at 256², 2-core
+#: CPU). The ranks below give the least sketch + sampling time of a
+#: pipeline run (its E-steps and predictive draw).
+UNCERTAINTY_DEFAULTS: dict[str, dict] = {
+    "reference-28": dict(n_samples=16, predictive_samples=256),
+    "dip-64": dict(n_samples=8, predictive_samples=64, predcp_samples=16, em_steps=5,
+                   preconditioner_rank=200),
+    "dip-128": dict(n_samples=8, predictive_samples=64, predcp_samples=16,
+                    preconditioner_rank=200),
+    "dip-256": dict(n_samples=4, predictive_samples=32, predcp_samples=16, em_steps=4,
+                    preconditioner_rank=400),
+}
