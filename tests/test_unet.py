@@ -38,7 +38,8 @@ def test_reference_28_layer_shapes():
 
 
 @pytest.mark.parametrize("name,size", [("reference-28", 28), ("dip-64", 64),
-                                       ("dip-128", 128), ("dip-256", 256)])
+                                       ("dip-128", 128), ("dip-256", 256),
+                                       pytest.param("dip-512", 512, marks=pytest.mark.slow)])
 def test_presets_build_and_run_forward_on_their_size(name, size):
     assert preset_name_for_size(size) == name
     net = build_unet(unet_preset(size)).eval()

@@ -342,6 +342,9 @@ PRESETS: dict[str, UNetConfig] = {
                           use_sigmoid=True, use_norm=True),
     "dip-256": UNetConfig(scales=6, channels=(32,) * 6, skip_channels=(0, 4, 4, 4, 4, 4),
                           use_sigmoid=True, use_norm=True),
+    # one more scale than dip-256: the coarsest feature map stays 8² as at 256²
+    "dip-512": UNetConfig(scales=7, channels=(32,) * 7, skip_channels=(0, 4, 4, 4, 4, 4, 4),
+                          use_sigmoid=True, use_norm=True),
     # the reference's network for 501×501 real data (≈3 M parameters): slow on CPU
     "reference-large": UNetConfig(scales=6, channels=(128,) * 6,
                                   skip_channels=(0, 0, 0, 0, 4, 4),
@@ -349,15 +352,18 @@ PRESETS: dict[str, UNetConfig] = {
 }
 
 #: Image size each size-based preset is meant for, in increasing order.
-_SIZE_PRESETS = [(28, "reference-28"), (64, "dip-64"), (128, "dip-128"), (256, "dip-256")]
+_SIZE_PRESETS = [(28, "reference-28"), (64, "dip-64"), (128, "dip-128"), (256, "dip-256"),
+                 (512, "dip-512")]
 
 
 def preset_name_for_size(image_size) -> str:
     """Name of the preset for an image of side ``image_size`` (or shape ``(n0, n1)``).
 
     The smallest preset whose nominal size is at least ``0.75 × max(n0, n1)``
-    wins (so 28→reference-28, 48→dip-64, 100→dip-128, 200→dip-256); images
-    larger than 256 use ``dip-256``.
+    wins (so 28→reference-28, 48→dip-64, 100→dip-128, 200→dip-256,
+    400→dip-512); larger images use ``dip-512`` too (its 7 scales reach 8²
+    feature maps at 512²), within the memory budget that
+    :func:`ctuq.recon.pipeline.check_memory` enforces.
     """
     if isinstance(image_size, (tuple, list)):
         n = max(int(v) for v in image_size)
