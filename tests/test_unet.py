@@ -142,7 +142,8 @@ def test_bad_configs_raise_input_error():
 
 
 def test_size_mapping():
-    assert [preset_name_for_size(n) for n in (8, 28, 37, 48, 64, 100, 200, 512)] == [
+    assert [preset_name_for_size(n) for n in (8, 28, 37, 48, 64, 100, 200, 341, 342, 512,
+                                              2048)] == [
         "reference-28", "reference-28", "reference-28", "dip-64", "dip-64", "dip-128",
-        "dip-256", "dip-256"]
+        "dip-256", "dip-256", "dip-512", "dip-512", "dip-512"]
     assert preset_name_for_size((28, 60)) == "dip-64"
