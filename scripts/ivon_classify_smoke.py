@@ -39,7 +39,7 @@ import torch
 
 log = logging.getLogger("ivon_classify_smoke")
 
-GRID = [{"lr": lr, "hess_init": h0} for lr in (0.5, 1.0, 2.0) for h0 in (1.0, 3.0, 10.0)]
+GRID = [{"lr": lr, "hess_init": h0} for lr in (1.0, 2.0, 4.0) for h0 in (3.0, 10.0, 30.0)]
 
 
 def metrics(probs, labels, probs_ood) -> dict:

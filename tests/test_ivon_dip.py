@@ -44,9 +44,14 @@ def test_end_to_end_few_iterations(digit_scan):
     assert res.settings.ess == pytest.approx(d_y / 2.0)
     assert res.settings.prior_precision == pytest.approx(4.0)
     assert res.posterior.mean.numel() == sum(p.numel() for p in res.model.parameters())
-    # the model holds the mean weights and gives the reconstruction
+    # the model holds the mean weights; its output is the reconstruction up to the
+    # pre-sigmoid clamp (off for the reconstruction and the samples by default)
     with torch.no_grad():
-        assert torch.equal(res.model(res.net_input)[0, 0], res.reconstruction)
+        assert torch.allclose(res.model(res.net_input)[0, 0], res.reconstruction, atol=2e-4,
+                              rtol=0)
+    clamped = fit_ivon_dip(y, op, cfg.with_(unclamped=False), noise_std=sigma)
+    with torch.no_grad():
+        assert torch.equal(clamped.model(clamped.net_input)[0, 0], clamped.reconstruction)
     assert res.loss_history["loss"].shape == (15,)
     assert res.noise_std == sigma and res.tv_weight > 0
     json.dumps(res.summary())  # JSON-safe settings and timings
@@ -84,6 +89,24 @@ def test_start_from_a_dip_fit(digit_scan):
     with pytest.raises(InputError) as err:
         fit_ivon_dip(y, op, cfg, noise_std=sigma, dip_result=other)
     assert err.value.field == "dip_result"
+
+
+def test_unclamped_samples_keep_a_spread_where_the_fit_saturates(digit_scan):
+    # after a real Adam fit the digit's background sits below the ±9 pre-sigmoid clamp:
+    # clamped, every weight sample gives sigmoid(−9) there and the std is exactly 0
+    op, x, y, sigma = digit_scan
+    dcfg = DIPConfig(iterations=300)
+    adam = fit_dip(y, op, dcfg, noise_std=sigma)
+    cfg = IVONDIPConfig(dip=dcfg, start="dip", iterations=1, lr=1e-9, n_samples=8,
+                        keep_samples=0, hess_init=1e4)
+    on = fit_ivon_dip(y, op, cfg.with_(unclamped=False), noise_std=sigma, dip_result=adam)
+    off = fit_ivon_dip(y, op, cfg, noise_std=sigma, dip_result=adam)
+    zero = on.std == 0
+    assert float(zero.double().mean()) > 0.02  # 5 % here; 72 % on a rectangles phantom
+    assert bool((off.std > 0).all())
+    assert torch.allclose(on.reconstruction[zero], torch.sigmoid(torch.tensor(-9.0)))
+    # the two agree where the clamp is not active
+    assert torch.allclose(on.std[~zero], off.std[~zero], rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("changes, field", [

@@ -124,6 +124,16 @@ class IVONDIPConfig:
     keep_samples : int
         How many of those output samples to keep in the result (at most
         ``n_samples``). Default 4.
+    unclamped : bool
+        Evaluate the reconstruction and the samples with the U-net's
+        ``sigmoid_saturation`` clamp off (the weights are the same). The
+        clamp (±9 before the sigmoid) is a training device; with it, a pixel
+        whose pre-activation is below −9 under every weight sample gets the
+        value sigmoid(−9) = 1.2e-4 from all of them and a std of exactly 0,
+        so its interval misses a true 0 (72 % of the pixels of a 28²
+        rectangles phantom, docs/ivon.md). Off, such pixels keep a small,
+        positive spread, like the linearised posterior, whose Jacobian passes
+        the clamp. Default True.
     start : {'scratch', 'dip'}
         ``'scratch'``: IVON from the U-net's random initialisation (or
         ``dip.init_weights``), the DIP+TV fit done by IVON alone. ``'dip'``:
@@ -145,6 +155,7 @@ class IVONDIPConfig:
     clip_radius: float = 0.01
     n_samples: int = DEFAULT_SAMPLES
     keep_samples: int = 4
+    unclamped: bool = True
     start: str = "scratch"
 
     def __post_init__(self):
@@ -194,7 +205,8 @@ class IVONDIPResult:
     Attributes
     ----------
     reconstruction : Tensor, shape (H, W)
-        ``f(m)``, the output of the posterior-mean weights.
+        ``f(m)``, the output of the posterior-mean weights (without the clamp
+        when ``config.unclamped``).
     std : Tensor, shape (H, W)
         Per-pixel std of ``f(θ_k)`` over the ``n_samples`` weight samples
         (``n_samples − 1`` degrees of freedom).
@@ -205,7 +217,8 @@ class IVONDIPResult:
     posterior : DiagonalGaussian
         ``q`` over the U-net's parameters (``parameters()`` order).
     model : UNet
-        The network with the mean weights loaded, in eval mode.
+        The network with the mean weights loaded, in eval mode (the
+        architecture of the fit, clamp included).
     net_input : Tensor, shape (1, 1, H, W)
     loss_history : dict of ndarray
         ``'loss'``: the DIP+TV loss ``L`` at the sampled weights of every
@@ -375,10 +388,16 @@ def fit_ivon_dip(y, op, config: IVONDIPConfig | None = None, *,
                      cancel=cancel)
     t_fit = time.perf_counter() - t0
 
+    predictor = model
+    if config.unclamped and model.config.use_sigmoid and \
+            model.config.sigmoid_saturation is not None:
+        predictor = build_unet(model.config.with_(sigmoid_saturation=None), device="cpu")
+        predictor.load_state_dict(model.state_dict())
+        predictor = predictor.to(device).eval()
     with torch.no_grad():
-        recon = model(net_input)[0, 0].float()
+        recon = predictor(net_input)[0, 0].float()
     emit_progress(progress, "ivon_samples", 0, int(config.n_samples), "weight samples")
-    mean, std, kept = ivon_dip_samples(model, net_input, fit.posterior, config.n_samples,
+    mean, std, kept = ivon_dip_samples(predictor, net_input, fit.posterior, config.n_samples,
                                        seed=dcfg.seed + 2, keep=config.keep_samples)
     emit_progress(progress, "ivon_samples", int(config.n_samples), int(config.n_samples),
                   f"{config.n_samples} samples")
