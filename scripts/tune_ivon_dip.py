@@ -70,7 +70,10 @@ def grid(name: str) -> list[dict]:
         return ([cfg("scratch", 2000, t, 100.0) for t in (0.1, 0.3, 1.0)]
                 + [cfg("scratch", 2000, 0.3, 1000.0)]
                 + [cfg("dip", 300, t, h0) for t in (3.0, 10.0, 30.0) for h0 in (100.0, 1000.0)]
-                + [cfg("dip", 1000, t, h0) for t in (0.3, 1.0) for h0 in (100.0, 1000.0)])
+                + [cfg("dip", 1000, t, h0) for t in (0.3, 1.0) for h0 in (100.0, 1000.0)]
+                # the best of the above sat at the grid's corner (T 30, h0 1000): one step out
+                + [cfg("dip", 300, t, h0) for t, h0 in ((100.0, 1000.0), (30.0, 3000.0),
+                                                        (100.0, 3000.0))])
     if name == "quick":
         return [cfg("scratch", 30, 1.0, 1000.0), cfg("dip", 20, 3.0, 100.0)]
     raise SystemExit(f"unknown grid {name!r}")
@@ -166,7 +169,9 @@ def run_case(case: dict, configs: list[dict], done: dict, partial: str | None,
             "fbp_psnr": psnr(x, fbp_reconstruction(y, op)),
             "adam_psnr": psnr(x, adam.reconstruction), "adam_seconds": adam_s}
     for c in todo:
-        cfg = IVONDIPConfig(dip=dcfg, n_samples=n_samples, keep_samples=0, **c)
+        # the grid names T; ess = d_y / T (IVONDIPConfig.ess = None)
+        cfg = IVONDIPConfig(dip=dcfg, n_samples=n_samples, keep_samples=0,
+                            **{"ess": None, **c})
         try:
             r = fit_ivon_dip(y, op, cfg, noise_std=sigma,
                              dip_result=adam if c["start"] == "dip" else None)

@@ -28,8 +28,8 @@ def digit_scan():
 
 def test_end_to_end_few_iterations(digit_scan):
     op, x, y, sigma = digit_scan
-    cfg = IVONDIPConfig(iterations=15, n_samples=6, keep_samples=3, temperature=2.0,
-                        prior_precision=4.0)
+    cfg = IVONDIPConfig(start="scratch", iterations=15, n_samples=6, keep_samples=3,
+                        ess=None, temperature=2.0, prior_precision=4.0)
     events = []
     res = fit_ivon_dip(y, op, cfg, noise_std=sigma, progress=lambda **kw: events.append(kw))
     assert isinstance(res, IVONDIPResult)
@@ -61,7 +61,7 @@ def test_end_to_end_few_iterations(digit_scan):
 
 def test_seeded_and_noise_estimated(digit_scan):
     op, _, y, sigma = digit_scan
-    cfg = IVONDIPConfig(iterations=5, n_samples=3, keep_samples=0)
+    cfg = IVONDIPConfig(start="scratch", iterations=5, n_samples=3, keep_samples=0)
     a = fit_ivon_dip(y, op, cfg, noise_std=sigma)
     b = fit_ivon_dip(y, op, cfg, noise_std=sigma)
     assert torch.equal(a.reconstruction, b.reconstruction) and torch.equal(a.std, b.std)
@@ -69,7 +69,8 @@ def test_seeded_and_noise_estimated(digit_scan):
 
     est = fit_ivon_dip(y, op, cfg)  # σ estimated from the sinogram
     assert est.noise_std == pytest.approx(estimate_noise_std(y))
-    assert est.settings.ess == a.settings.ess  # σ enters the loss, not ess
+    assert est.settings.ess == a.settings.ess == 8.0  # σ enters the loss, not ess
+    assert a.settings.prior_precision == pytest.approx(1.0)
 
 
 def test_start_from_a_dip_fit(digit_scan):
@@ -98,7 +99,7 @@ def test_unclamped_samples_keep_a_spread_where_the_fit_saturates(digit_scan):
     dcfg = DIPConfig(iterations=300)
     adam = fit_dip(y, op, dcfg, noise_std=sigma)
     cfg = IVONDIPConfig(dip=dcfg, start="dip", iterations=1, lr=1e-9, n_samples=8,
-                        keep_samples=0, hess_init=1e4)
+                        keep_samples=0, hess_init=1e4, ess=None)  # tiny spread
     on = fit_ivon_dip(y, op, cfg.with_(unclamped=False), noise_std=sigma, dip_result=adam)
     off = fit_ivon_dip(y, op, cfg, noise_std=sigma, dip_result=adam)
     zero = on.std == 0
@@ -113,7 +114,7 @@ def test_unclamped_samples_keep_a_spread_where_the_fit_saturates(digit_scan):
     ({"start": "adam"}, "start"), ({"temperature": 0.0}, "temperature"),
     ({"prior_precision": -1.0}, "prior_precision"), ({"n_samples": 1}, "n_samples"),
     ({"keep_samples": -1}, "keep_samples"), ({"hess_init": 0.0}, "hess_init"),
-    ({"iterations": 0}, "iterations")])
+    ({"iterations": 0}, "iterations"), ({"ess": 0.0}, "ess")])
 def test_config_refuses_bad_values(changes, field):
     with pytest.raises(InputError) as err:
         IVONDIPConfig(**changes)
@@ -122,12 +123,32 @@ def test_config_refuses_bad_values(changes, field):
 
 def test_bad_sinogram_and_noise(digit_scan):
     op, _, y, _ = digit_scan
-    cfg = IVONDIPConfig(iterations=1, n_samples=2)
+    cfg = IVONDIPConfig(start="scratch", iterations=1, n_samples=2)
     with pytest.raises(InputError):
         fit_ivon_dip(y[:, :-1], op, cfg, noise_std=0.1)
     with pytest.raises(InputError) as err:
         fit_ivon_dip(y, op, cfg, noise_std=0.0)
     assert err.value.field == "noise_std"
+
+
+def test_ess_sets_the_temperature():
+    cfg = IVONDIPConfig(ess=8.0, temperature=3.0, prior_precision=2.0)
+    s = cfg.settings(800)
+    assert cfg.effective_temperature(800) == 100.0  # ess wins over temperature
+    assert s.ess == 8.0 and s.prior_precision == pytest.approx(2.0)
+    s2 = cfg.with_(ess=None).settings(800)
+    assert s2.ess == pytest.approx(800 / 3.0) and s2.prior_precision == pytest.approx(2.0)
+
+
+def test_config_round_trip():
+    cfg = IVONDIPConfig(dip=DIPConfig(iterations=5, tv_weight=0.1), temperature=3.0,
+                        clip_radius=math.inf, start="dip")
+    d = json.loads(json.dumps(cfg.to_dict()))
+    back = IVONDIPConfig.from_dict(d)
+    assert back.temperature == 3.0 and back.start == "dip" and math.isinf(back.clip_radius)
+    assert back.dip.tv_weight == 0.1 and back.dip.iterations == 5
+    with pytest.raises(InputError):
+        IVONDIPConfig.from_dict({"temprature": 1.0})
 
 
 @pytest.mark.slow
