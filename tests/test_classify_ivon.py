@@ -1,0 +1,123 @@
+"""IVON classifier (ctuq.classify.ivon): the MC predictive and its metrics against a hand-computed case."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ctuq.classify.ivon import (
+    DEFAULT_PREDICTIVE_SAMPLES,
+    ivon_logit_samples,
+    ivon_predictive,
+    mean_predictive,
+    train_ivon,
+)
+from ctuq.errors import InputError
+from ctuq.models.ivon import DiagonalGaussian
+from ctuq.recon.classify_metrics import classification_metrics
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MU, S = 0.8, 1.5  # the logit difference b0 − b1 ~ N(MU, S²)
+
+
+def bias_only_model():
+    """``Linear(1, 2)`` on the input 0: logits = bias; q puts N(MU, S²) on b0, b1 = 0 fixed."""
+    net = nn.Linear(1, 2).double()
+    # parameters() order: weight [2, 1], bias [2]
+    q = DiagonalGaussian(torch.tensor([0.3, -0.2, MU, 0.0], dtype=torch.float64),
+                         torch.tensor([0.5, 0.5, S**2, 0.0], dtype=torch.float64))
+    return net, q
+
+
+def hand_probability() -> float:
+    """P(class 0) = E[sigmoid(b)], b ~ N(MU, S²), by 80-point Gauss–Hermite quadrature."""
+    z, w = np.polynomial.hermite_e.hermegauss(80)
+    return float(np.sum(w / np.sqrt(2 * np.pi) / (1 + np.exp(-(MU + S * z)))))
+
+
+def test_predictive_and_metrics_match_hand_computation():
+    net, q = bias_only_model()
+    x = torch.zeros(3, 1, dtype=torch.float64)
+    labels = torch.tensor([0, 0, 1])
+    n = 8192
+    probs = ivon_predictive(net, q, x, n, seed=0)
+    p = hand_probability()
+    assert 0.6 < p < 0.7  # the spread pulls sigmoid(0.8) = 0.69 towards 1/2
+    tol = 4 * 0.5 / math.sqrt(n)  # 4 MC standard errors (sd of a probability <= 1/2)
+    assert torch.allclose(probs[:, 0], torch.full((3,), p, dtype=torch.float64), atol=tol)
+    assert torch.allclose(probs.sum(1), torch.ones(3, dtype=torch.float64))
+    m = classification_metrics(probs, labels)
+    # all three inputs get (p, 1 − p): argmax class 0, two of three right
+    assert m["accuracy"] == pytest.approx(2 / 3)
+    nll = -(2 * math.log(p) + math.log(1 - p)) / 3
+    assert m["nll"] == pytest.approx(nll, abs=3 * tol / (1 - p))
+    # one confidence bin holding every input: ECE = |accuracy − confidence|
+    assert m["ece"] == pytest.approx(abs(2 / 3 - p), abs=tol)
+    brier = (2 * 2 * (1 - p) ** 2 + 2 * p**2) / 3
+    assert m["brier"] == pytest.approx(brier, abs=4 * tol)
+
+
+def test_zero_variance_gives_the_mean_network():
+    net, q = bias_only_model()
+    q0 = DiagonalGaussian(q.mean, torch.zeros_like(q.variance))
+    x = torch.tensor([[0.0], [1.0], [-2.0]], dtype=torch.float64)
+    probs = ivon_predictive(net, q0, x, 5)
+    with torch.no_grad():
+        for p_, v in zip(net.parameters(), (q.mean[:2].view(2, 1), q.mean[2:])):
+            p_.copy_(v)
+    assert torch.allclose(probs, mean_predictive(net, x), atol=1e-15, rtol=0)
+
+
+def test_logit_samples_are_seeded_and_restore_the_weights():
+    net, q = bias_only_model()
+    before = [p.detach().clone() for p in net.parameters()]
+    x = torch.zeros(2, 1, dtype=torch.float64)
+    a = ivon_logit_samples(net, q, x, 16, seed=5)
+    b = ivon_logit_samples(net, q, x, 16, seed=5)
+    c = ivon_logit_samples(net, q, x, 16, seed=6)
+    assert a.shape == (16, 2, 2) and torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(a[:, :, 1], torch.zeros(16, 2, dtype=torch.float64))  # b1 variance 0
+    assert all(torch.equal(p, q_) for p, q_ in zip(net.parameters(), before))
+    assert DEFAULT_PREDICTIVE_SAMPLES == 64
+
+
+def blobs(n=120, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 3
+    centres = torch.tensor([[2.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0]])
+    x = centres[y] + 0.7 * torch.randn(n, 4, generator=g)
+    return x.reshape(n, 1, 2, 2), y
+
+
+def test_train_ivon_learns_with_the_map_prior():
+    x, y = blobs()
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    clf = train_ivon(net, x, y, epochs=40, batch_size=32, prior_precision=2.0, seed=0)
+    assert clf.settings.ess == 120 and clf.settings.prior_precision == pytest.approx(2.0)
+    assert clf.loss[-1] < 0.5 * clf.loss[0]
+    assert float((clf.predict(x).argmax(1) == y).double().mean()) > 0.9
+    # the model holds the posterior mean; the posterior is a proper diagonal Gaussian
+    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    assert torch.equal(flat, clf.posterior.mean)
+    assert bool((clf.posterior.variance > 0).all())
+    # a colder likelihood (T < 1) gives a narrower posterior, all else equal
+    net2 = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    cold = train_ivon(net2, x, y, epochs=40, batch_size=32, prior_precision=2.0,
+                      temperature=0.1, seed=0)
+    assert float(cold.posterior.variance.median()) < 0.5 * float(clf.posterior.variance.median())
+
+
+def test_train_ivon_is_seeded_and_checks_inputs():
+    x, y = blobs(60)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+        runs.append(train_ivon(net, x, y, epochs=3, batch_size=16, seed=1).posterior)
+    assert torch.equal(runs[0].mean, runs[1].mean)
+    assert torch.equal(runs[0].variance, runs[1].variance)
+    with pytest.raises(InputError):
+        train_ivon(nn.Linear(4, 3), x, y[:10])
