@@ -3,7 +3,7 @@
 The sampling paper's claim (docs/method.md §5.2): with the variance-reduced
 objective the data term of the sampler can be mini-batched. For each seed and
 each sampler variant this runs the benchmark's ``map``, ``lla-sampled`` and
-``lla-sampled-val`` (:func:`ctuq.recon.classify_bench.run_benchmark`; MacKay
+``lla-sampled-val`` (:func:`ctuq.classify.bench.run_benchmark`; MacKay
 EM, 10 steps × 8 samples, 64 predictive samples): the full-batch sampler, which
 stops at its tolerance, and each requested mini-batch size, which runs a fixed
 number of Polyak-averaged steps. The MAP network is retrained for every variant

@@ -4,10 +4,10 @@
 Prints one JSON document on stdout (progress on stderr). Per seed: the
 digits split of :func:`ctuq.data.classification.load_digits_data`, 10 % of
 the training images held out (stratified,
-:func:`ctuq.recon.classify_bench.validation_split`), the benchmark's MLP
+:func:`ctuq.classify.bench.validation_split`), the benchmark's MLP
 (one hidden layer of 32) trained on the rest by
 
-- ``map``: :func:`ctuq.recon.classify.train_map` (Adam, 150 epochs, prior
+- ``map``: :func:`ctuq.classify.training.train_map` (Adam, 150 epochs, prior
   precision 1, the benchmark's defaults);
 - ``ivon``: :func:`ctuq.classify.ivon.train_ivon` (same epochs, batch size
   and prior precision, ``ess = N``), for each (``lr``, ``hess_init``) of a
@@ -43,7 +43,7 @@ GRID = [{"lr": lr, "hess_init": h0} for lr in (1.0, 2.0, 4.0) for h0 in (3.0, 10
 
 
 def metrics(probs, labels, probs_ood) -> dict:
-    from ctuq.recon.classify_metrics import classification_metrics, ood_auroc
+    from ctuq.classify.metrics import classification_metrics, ood_auroc
 
     return {**classification_metrics(probs, labels), "ood_auroc": ood_auroc(probs, probs_ood)}
 
@@ -52,9 +52,9 @@ def run_seed(seed: int, n_samples: int) -> dict:
     from ctuq.classify.ivon import train_ivon
     from ctuq.data.classification import load_digits_data
     from ctuq.models.classifiers import build_classifier
-    from ctuq.recon.classify import train_map
-    from ctuq.recon.classify_bench import validation_split
-    from ctuq.recon.classify_metrics import nll
+    from ctuq.classify.training import train_map
+    from ctuq.classify.bench import validation_split
+    from ctuq.classify.metrics import nll
 
     d = load_digits_data(seed=seed)
     tr, va = validation_split(d.y_train, 0.1, seed=seed)

@@ -16,7 +16,7 @@ from ctuq.classify.ivon import (
 )
 from ctuq.errors import InputError
 from ctuq.models.ivon import DiagonalGaussian
-from ctuq.recon.classify_metrics import classification_metrics
+from ctuq.classify.metrics import classification_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -106,8 +106,11 @@ def test_unclamped_samples_keep_a_spread_where_the_fit_saturates(digit_scan):
     assert float(zero.double().mean()) > 0.02  # 5 % here; 72 % on a rectangles phantom
     assert bool((off.std > 0).all())
     assert torch.allclose(on.reconstruction[zero], torch.sigmoid(torch.tensor(-9.0)))
-    # the two agree where the clamp is not active
-    assert torch.allclose(on.std[~zero], off.std[~zero], rtol=1e-4, atol=1e-7)
+    # the two agree where the clamp is not active: away from it (a pixel near ±9 may
+    # be clamped in some samples and not in others)
+    away = torch.logit(off.reconstruction.double()).abs() < 8.5
+    assert float(away.double().mean()) > 0.5
+    assert torch.allclose(on.std[away], off.std[away], rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("changes, field", [

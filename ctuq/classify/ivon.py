@@ -9,7 +9,7 @@ Training (:func:`train_ivon`)
     ``q(θ) = N(m, diag v)`` is the mean-field approximation of
     ``p(θ | D) ∝ Π_n p(y_n | x_n, θ)^{1/T} · N(θ; 0, α⁻¹ I)``, with the same
     isotropic prior precision ``α`` as MAP training
-    (:func:`ctuq.recon.classify.train_map`'s ``prior_precision``, weight
+    (:func:`ctuq.classify.training.train_map`'s ``prior_precision``, weight
     decay ``α/N`` on the mean loss), so MAP and IVON train the same model.
 Predictive (:func:`ivon_predictive`)
     ``p(y | x) ≈ (1/S) Σ_s softmax f(x, θ_s)``, ``θ_s ~ q``, with
@@ -133,13 +133,13 @@ def train_ivon(model: nn.Module, x: Tensor, y: Tensor, *,
     seed : int
         Seeds the mini-batch order and the weight samples.
     progress, cancel : callable, optional
-        Stage ``'train'``, one step per epoch (see ``ctuq.recon.progress``).
+        Stage ``'train'``, one step per epoch (see ``ctuq.progress``).
 
     Returns
     -------
     IVONClassifier
     """
-    from ctuq.recon.progress import emit_progress
+    from ctuq.progress import emit_progress
 
     n = int(x.shape[0])
     if n < 1 or y.shape[0] != n:

@@ -85,7 +85,7 @@ from ctuq.recon.dip import (
     make_net_input,
     resolve_device,
 )
-from ctuq.recon.progress import emit_progress
+from ctuq.progress import emit_progress
 
 __all__ = ["IVONDIPConfig", "IVONDIPResult", "fit_ivon_dip", "ivon_dip_samples",
            "DEFAULT_SAMPLES"]
