@@ -1,4 +1,4 @@
-"""Predictive distributions of the linearised classifier and their tuning (docs/method.md §8.2).
+"""Predictive distributions of the linearised classifier and their tuning (docs/method.md §8.3).
 
 Monte Carlo over linearised logits ``f(x, θ̂) + J(x) z_s``
 (:func:`function_samples`, :func:`mc_predictive`) or the probit

@@ -1,4 +1,4 @@
-"""The fit's own error: an image-space variance beside the linearised posterior.
+"""The fit's own error: an image-space variance beside the linearised posterior (docs/method.md §8.2).
 
 The linearised posterior describes how far the weights may move given the
 data around the fitted network; it does not contain the fit's own bias
