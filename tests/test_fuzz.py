@@ -120,8 +120,10 @@ def run_napari_reader(path: Path, category: str) -> str:
     """The napari reader contribution, without a viewer (notifications recorded)."""
     from napari.utils.notifications import notification_manager
 
-    from ctuq.app._reader import reader_function
+    from ctuq.app import _reader
 
+    _reader.READ_TIMEOUT = READ_LIMIT     # the viewer's limit (60 s by default)
+    reader_function = _reader.reader_function
     before = _sha(path)
     n0 = len(notification_manager.records)
     t0 = time.monotonic()

@@ -181,6 +181,22 @@ def test_2_info_survives_a_crash(tmp_path, injected, capsys):
     assert "crashed" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("offset", [2992, 16480, 20528, 22896, 30816])
+def test_2_the_issues_corrupt_files_are_clear_errors(tmp_path, offset):
+    """The issue's corruptions of ``ctuq simulate --size 16 --angles 10`` (segfaults of
+    the HDF5 library at four offsets, a hang at 2992): one error naming the file."""
+    assert main(["simulate", str(tmp_path / "s.h5"), "--size", "16", "--angles", "10"]) == 0
+    blob = bytearray((tmp_path / "s.h5").read_bytes())
+    blob[offset:offset + 8] = bytes(8)
+    bad = tmp_path / f"z{offset}.h5"
+    bad.write_bytes(bytes(blob))
+    t0 = time.monotonic()
+    with pytest.raises(InputError) as ei:
+        read_sinogram_isolated(bad, timeout=20)
+    assert ei.value.file is not None and bad.name in str(ei.value)
+    assert time.monotonic() - t0 < 60
+
+
 @pytest.mark.parametrize("angle", [1e300, -1e300])
 def test_2_absurd_angles_are_refused_at_once(tmp_path, angle):
     t0 = time.monotonic()

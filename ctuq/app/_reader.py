@@ -52,8 +52,10 @@ SUFFIX = {"fbp": "FBP", "ground_truth": "truth", "reconstruction": "reconstructi
 
 LayerData = tuple[Any, dict, str]
 
-#: Time limit of reading one file for the viewer (seconds).
-READ_TIMEOUT = 120.0
+#: Time limit of reading one file for the viewer (seconds; napari waits for it):
+#: ``$CTUQ_READ_TIMEOUT``, else 30 s plus 1 s per 20 MB of file.
+READ_TIMEOUT = float(os.environ["CTUQ_READ_TIMEOUT"]) if os.environ.get(
+    "CTUQ_READ_TIMEOUT") else None
 
 
 def image_placement(geometry) -> dict:

@@ -172,7 +172,7 @@ class DIPConfig:
                                doc="Std of the noise input.")
     seed: int = setting(0, kind=int, minimum=0, maximum=2**63 - 1, doc="Seed of the fit.")
     device: str = setting("auto", kind=str, check=check_device, doc="auto, cpu, cuda, cuda:N.")
-    progress_every: int = setting(1, kind=int, minimum=1, maximum=10_000_000,
+    progress_every: int = setting(1, kind=int, minimum=1,
                                   doc="Iterations between progress reports.")
     init_weights: str | None = setting(None, kind=str, doc="Warm-start weights file.")
     dropout: float = setting(0.0, kind=float, minimum=0, maximum=0.999,

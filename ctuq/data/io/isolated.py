@@ -33,8 +33,19 @@ from ctuq.errors import InputError
 
 log = logging.getLogger(__name__)
 
-#: Default time limit of one isolated read (seconds).
-DEFAULT_TIMEOUT = 300.0
+#: Time limit of one isolated read when none is given: a base, plus time to read the
+#: file at a slow disk's pace (a 30 kB file: 30 s; 10 GB: about 9 min).
+BASE_TIMEOUT = 30.0
+SLOW_READ_BYTES_PER_S = 20e6
+
+
+def auto_timeout(path) -> float:
+    """The default time limit for reading ``path`` (seconds)."""
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0
+    return BASE_TIMEOUT + size / SLOW_READ_BYTES_PER_S
 
 
 def _signal_name(rc: int) -> str:
@@ -44,8 +55,9 @@ def _signal_name(rc: int) -> str:
         return f"signal {-rc}"
 
 
-def _run_child(request: dict, *, path, timeout: float) -> tuple[dict, Path]:
+def _run_child(request: dict, *, path, timeout: float | None) -> tuple[dict, Path]:
     """Run one request in a child; returns (its status, its output folder)."""
+    timeout = auto_timeout(path) if timeout is None else float(timeout)
     out = Path(tempfile.mkdtemp(prefix="ctuq-read-"))
     request = {**request, "out": str(out)}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -103,7 +115,7 @@ def _kill(proc) -> None:
         pass
 
 
-def detect_format_isolated(path, *, timeout: float = DEFAULT_TIMEOUT) -> str:
+def detect_format_isolated(path, *, timeout: float | None = None) -> str:
     """:func:`ctuq.data.io.detect_format` in a child process."""
     from ctuq.data.io._common import check_input_file
 
@@ -113,14 +125,15 @@ def detect_format_isolated(path, *, timeout: float = DEFAULT_TIMEOUT) -> str:
     return str(status["format"])
 
 
-def read_sinogram_isolated(path, *, timeout: float = DEFAULT_TIMEOUT, **options):
+def read_sinogram_isolated(path, *, timeout: float | None = None, **options):
     """:func:`ctuq.data.io.read_sinogram` in a child process with a time limit.
 
     Parameters
     ----------
     path : path-like
-    timeout : float
-        Seconds before the child is killed. Default 300.
+    timeout : float, optional
+        Seconds before the child is killed. Default: :func:`auto_timeout` (30 s
+        plus 1 s per 20 MB of file).
     **options
         Keyword arguments of :func:`~ctuq.data.io.read_sinogram` (JSON-able:
         a ``geometry`` is passed as its dict).
@@ -134,7 +147,7 @@ def read_sinogram_isolated(path, *, timeout: float = DEFAULT_TIMEOUT, **options)
     return obj
 
 
-def read_any_isolated(path, *, timeout: float = DEFAULT_TIMEOUT, **options):
+def read_any_isolated(path, *, timeout: float | None = None, **options):
     """Detect and read a file in one child process: ``("result", Result)`` for a ctuq
     result file, else ``(format, Sinogram)`` read with ``options``."""
     return _read(path, "any", timeout, options)
@@ -182,7 +195,7 @@ def _sinogram_from(status: dict, out: Path):
     return Sinogram(data, g, dict(status["meta"]), gt)
 
 
-def read_result_isolated(path, *, timeout: float = DEFAULT_TIMEOUT):
+def read_result_isolated(path, *, timeout: float | None = None):
     """:func:`ctuq.data.io.read_result` in a child process with a time limit.
 
     The child validates the file and writes a clean copy, which is read here.

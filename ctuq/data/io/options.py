@@ -159,8 +159,9 @@ class ReadOptions:
     isolate: bool = setting(True, kind=bool,
                             doc="Read each file in a child process (a crashing or hanging "
                                 "HDF5 library cannot take the caller down).")
-    read_timeout: float = setting(300.0, kind=float, greater_than=0, maximum=1e6, unit="s",
-                                  doc="Time limit of an isolated read.")
+    read_timeout: float | None = setting(None, kind=float, greater_than=0, maximum=1e6,
+                                         unit="s", doc="Time limit of an isolated read "
+                                         "(default: 30 s + 1 s per 20 MB of file).")
 
     def __post_init__(self):
         validate(self, prefix="read")
