@@ -68,7 +68,8 @@ def ct_runs() -> dict:
                                dip=_DIP, uncertainty=_UNC)
     res = ctuq.reconstruct(sino, cfg)
     h = res.hyperparameters
-    out.update({"ct_mean": res.reconstruction, "ct_std": res.std, "ct_a": h["a_b"],
+    out.update({"ct_mean": res.reconstruction, "ct_std": res.posterior_std,
+                "ct_total_std": res.std, "ct_a": h["a_b"],
                 "ct_sigma2": h["sigma2"], "ct_gamma": h["gamma_hat"],
                 "ct_trace_a": [t["a_b"][0] for t in res.em_trace]})
 
