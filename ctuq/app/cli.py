@@ -424,6 +424,9 @@ def bench_classify(
                                       help="IVON's peak learning rate (default 2)."),
         ivon_hess_init: float = typer.Option(None, "--ivon-hess-init",
                                              help="IVON's initial Hessian (default 10)."),
+        ivon_prior_precision: float = typer.Option(
+            None, "--ivon-prior-precision",
+            help="Prior precision of IVON's weight prior (default: --train-prior-precision)."),
         ivon_samples: int = typer.Option(None, "--ivon-samples",
                                          help="Weight samples of the ivon predictive "
                                               "(default 64)."),
@@ -453,7 +456,8 @@ def bench_classify(
     sto = {k: v for k, v in (("batch_size", sto_batch_size),
                              ("iterations", sto_iterations)) if v is not None}
     ivon = {k: v for k, v in (("ivon_lr", ivon_lr), ("ivon_hess_init", ivon_hess_init),
-                              ("ivon_samples", ivon_samples)) if v is not None}
+                              ("ivon_samples", ivon_samples),
+                              ("ivon_prior_precision", ivon_prior_precision)) if v is not None}
     cfg = classify_bench.BenchConfig(model=model, prior=prior, epochs=epochs,
                                      train_prior_precision=train_prior_precision,
                                      val_fraction=val_fraction, **ivon,

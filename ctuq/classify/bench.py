@@ -206,6 +206,9 @@ class BenchConfig:
         IVON training (:func:`ctuq.classify.ivon.train_ivon`; ``epochs``,
         ``batch_size`` and ``train_prior_precision`` as MAP's). Defaults: those
         of :data:`ctuq.classify.ivon.DEFAULTS` (2, 10, 0.999; docs/ivon.md).
+    ivon_prior_precision : float or None
+        ``α`` of IVON's Gaussian weight prior; None: ``train_prior_precision``
+        (MAP's). Default None.
     ivon_samples : int
         Weight samples of the IVON Monte-Carlo predictive. Default 64.
     """
@@ -234,6 +237,7 @@ class BenchConfig:
     ivon_lr: float = IVON_DEFAULTS["lr"]
     ivon_hess_init: float = IVON_DEFAULTS["hess_init"]
     ivon_beta2: float = IVON_DEFAULTS["beta2"]
+    ivon_prior_precision: float | None = None
     ivon_samples: int = DEFAULT_PREDICTIVE_SAMPLES
 
     def __post_init__(self):
@@ -260,6 +264,10 @@ class BenchConfig:
             if not 0.0 < float(getattr(self, name)) < float("inf"):
                 raise InputError(f"must be a finite number > 0, got {getattr(self, name)!r}",
                                  field=name)
+        if self.ivon_prior_precision is not None and \
+                not 0.0 < float(self.ivon_prior_precision) < float("inf"):
+            raise InputError(f"must be a finite number > 0, got {self.ivon_prior_precision!r}",
+                             field="ivon_prior_precision")
         if not 0.0 <= float(self.ivon_beta2) < 1.0:
             raise InputError(f"must be in [0, 1), got {self.ivon_beta2!r}", field="ivon_beta2")
 
@@ -341,9 +349,11 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
     elif any(m in VAL_METHODS for m in methods):
         raise InputError(f"{', '.join(m for m in methods if m in VAL_METHODS)} need a "
                          "validation split (val_fraction > 0)", field="val_fraction")
-    if any(m.startswith("ivon") for m in methods) and not cfg.train_prior_precision > 0:
-        raise InputError("the ivon methods need a prior precision > 0",
-                         field="train_prior_precision")
+    ivon_alpha = cfg.train_prior_precision if cfg.ivon_prior_precision is None \
+        else cfg.ivon_prior_precision
+    if any(m.startswith("ivon") for m in methods) and not ivon_alpha > 0:
+        raise InputError("the ivon methods need a prior precision > 0 (set "
+                         "ivon_prior_precision)", field="train_prior_precision")
     n_train = int(data.x_train.shape[0])
     if cfg.sto.batch_size is not None and cfg.sto.batch_size > n_train:
         # before training, not after it
@@ -400,8 +410,7 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
             build_classifier(cfg.model, data.image_shape, data.num_classes, seed=seed, **kw),
             data.x_train, data.y_train, epochs=cfg.epochs, batch_size=cfg.batch_size,
             lr=cfg.ivon_lr, hess_init=cfg.ivon_hess_init, beta2=cfg.ivon_beta2,
-            prior_precision=cfg.train_prior_precision, seed=seed, progress=progress,
-            cancel=cancel)
+            prior_precision=ivon_alpha, seed=seed, progress=progress, cancel=cancel)
         var = ivon_clf.posterior.variance
         ivon_extra = {"settings": ivon_clf.settings.to_dict(), "train_seconds": ivon_clf.seconds,
                       "final_loss": ivon_clf.loss[-1], "variance_median": float(var.median()),
