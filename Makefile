@@ -12,7 +12,12 @@ APT_PACKAGES := xvfb xauth libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-i
 	libxcb-render-util0 libxcb-xinerama0 libxcb-xkb1 libxcb-shape0 libxcb-randr0 \
 	libxkbcommon-x11-0 libegl1 libgl1 libfontconfig1 libdbus-1-3 libglib2.0-0
 
-.PHONY: test demo install apt-deps bench bench-uq clean
+# Debian's packaged data sets, read offline at run time: Fashion-MNIST for the
+# classification benchmark (ctuq bench-classify --dataset fmnist finds it in
+# /usr/share/datasets without --data-dir).
+DATA_PACKAGES := dataset-fashion-mnist
+
+.PHONY: test demo install apt-deps data-deps bench bench-uq clean
 
 $(STAMP): pyproject.toml constraints.txt requirements-laplace.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,21 +27,30 @@ $(STAMP): pyproject.toml constraints.txt requirements-laplace.txt
 	$(PIP) install -q -c constraints.txt --no-deps -r requirements-laplace.txt
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) data-deps
 
-apt-deps:
-	@missing=""; for p in $(APT_PACKAGES); do \
+# $(call apt-install,packages,what they are for): installs the missing ones as root,
+# otherwise names them and the command.
+define apt-install
+	@missing=""; for p in $(1); do \
 		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			echo "installing:$$missing"; \
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 		else \
-			echo "warning: missing Debian packages (run as root or install them):$$missing"; \
+			echo "warning: missing Debian packages for $(2); as root: apt-get install$$missing"; \
 		fi; \
 	fi
+endef
 
-test: $(STAMP) apt-deps
+apt-deps:
+	$(call apt-install,$(APT_PACKAGES),napari under Xvfb)
+
+data-deps:
+	$(call apt-install,$(DATA_PACKAGES),the Fashion-MNIST benchmark)
+
+test: $(STAMP) apt-deps data-deps
 	$(VENV)/bin/lint-imports
 	QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1280x1024x24" $(PY) -m pytest
 

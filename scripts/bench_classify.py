@@ -4,8 +4,9 @@ MAP (plain and temperature-scaled), linearised Laplace with STO samples and
 MacKay/EM layer-wise ARD (all weights and last layer; predictive spread as
 sampled and with its scale tuned on a validation split of the training set),
 the exact dense full-GGN LLA (prior by exact evidence; as is, scale-tuned and,
-on request, with the prior precision tuned on validation),
-and MC dropout, over several seeds (split, initialisation and samples follow
+on request, with the prior precision tuned on validation), MC dropout, and
+IVON (variational training, Monte-Carlo predictive; and the sampled LLA around
+its mean), over several seeds (split, initialisation and samples follow
 the seed), mean ± std. Single-threaded (``torch.set_num_threads(1)``).
 
     .venv/bin/python scripts/bench_classify.py --figures docs/ > docs/bench_classify.json
@@ -34,7 +35,8 @@ import ctuq.classify as C
 from ctuq.classify import bench as B
 
 METHODS = ("map", "map-temp", "lla-sampled", "lla-sampled-val", "lla-last-layer",
-           "lla-last-layer-val", "lla-exact", "lla-exact-val", "mc-dropout")
+           "lla-last-layer-val", "lla-exact", "lla-exact-val", "mc-dropout", "ivon",
+           "ivon+lla", "ivon+lla-val")
 
 
 def checks(agg: dict, lla: str = "lla-sampled", tie: float = 1e-9) -> dict:
@@ -78,6 +80,12 @@ def main(argv=None) -> int:
                     help="mini-batch of the STO sampler (default: full batch)")
     ap.add_argument("--sto-iterations", type=int, default=300,
                     help="most STO steps (full batch stops earlier at its tolerance)")
+    ap.add_argument("--ivon-lr", type=float, default=B.BenchConfig.ivon_lr)
+    ap.add_argument("--ivon-hess-init", type=float, default=B.BenchConfig.ivon_hess_init)
+    ap.add_argument("--ivon-prior-precision", type=float, default=None,
+                    help="IVON's prior precision (default: --train-prior-precision)")
+    ap.add_argument("--ivon-samples", type=int, default=B.BenchConfig.ivon_samples,
+                    help="weight samples of the ivon predictive")
     ap.add_argument("--figures", default=None,
                     help="folder for classification_reliability.png / classification_rotation.png")
     args = ap.parse_args(argv)
@@ -85,6 +93,9 @@ def main(argv=None) -> int:
     cfg = B.BenchConfig(model=args.model, prior=args.prior, epochs=args.epochs,
                         train_prior_precision=args.train_prior_precision,
                         lla_mode=args.lla_mode, val_fraction=args.val_fraction,
+                        ivon_lr=args.ivon_lr, ivon_hess_init=args.ivon_hess_init,
+                        ivon_samples=args.ivon_samples,
+                        ivon_prior_precision=args.ivon_prior_precision,
                         sto=replace(C.CLASSIFIER_STO, iterations=args.sto_iterations,
                                     batch_size=args.sto_batch_size))
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -100,7 +111,7 @@ def main(argv=None) -> int:
     doc["config"] = cfg.to_dict()
     agg = doc["aggregate"]
     doc["checks"] = {name: checks(agg, name) for name in agg
-                     if name.startswith("lla-") and "map" in agg}
+                     if name.startswith(("lla-", "ivon")) and "map" in agg}
     if args.figures:
         from ctuq.app.classify_figures import save_benchmark_figures
 

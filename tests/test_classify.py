@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 import math
 import struct
 from dataclasses import replace
@@ -149,6 +150,39 @@ def test_mnist_like_from_idx_and_npz_and_missing(tmp_path):
     np.savez(tmp_path / "kmnist.npz", x_train=x_tr)
     with pytest.raises(InputError, match="missing arrays"):
         load_classification("kmnist", tmp_path)
+
+
+def test_fmnist_default_folder_is_debians(tmp_path, monkeypatch):
+    """Without data_dir, Fashion-MNIST is read from SYSTEM_DATA_DIR/fashion-mnist (Debian's
+    dataset-fashion-mnist layout); with nothing there the error says how to install it."""
+    import ctuq.data.classification as dc
+
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, (12, 28, 28), dtype=np.uint8)
+    y = (np.arange(12) % 10).astype(np.uint8)
+    sub = tmp_path / "fashion-mnist"
+    sub.mkdir()
+    for name, arr in (("train-images-idx3-ubyte", x), ("train-labels-idx1-ubyte", y),
+                      ("t10k-images-idx3-ubyte", x[:10]), ("t10k-labels-idx1-ubyte", y[:10])):
+        _write_idx(sub / (name + ".gz"), arr, compress=True)
+    monkeypatch.setattr(dc, "SYSTEM_DATA_DIR", tmp_path)
+    data = load_classification("fmnist", seed=0)
+    assert data.x_train.shape == (12, 1, 28, 28)
+    assert all(f.startswith(str(sub)) for f in data.info["files"])
+    monkeypatch.setattr(dc, "SYSTEM_DATA_DIR", tmp_path / "empty")
+    with pytest.raises(InputError) as err:
+        load_classification("fmnist")
+    assert err.value.field == "data_dir" and "apt-get install dataset-fashion-mnist" in str(
+        err.value)
+
+
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+                    reason="Debian's dataset-fashion-mnist is not installed (make install as "
+                           "root installs it)")
+def test_fmnist_from_the_debian_package():
+    data = load_classification("fmnist", seed=0, n_train=50, n_test=20)
+    assert data.x_train.shape == (50, 1, 28, 28) and data.num_classes == 10
+    assert data.info["files"][0].startswith("/usr/share/datasets/fashion-mnist/")
 
 
 def test_digits_split_ood_and_rotation():

@@ -37,19 +37,22 @@ def test_tiny_benchmark_in_napari(tab, qtbot):
     assert widget.tabs.tabText(1) == "Classification benchmark"
     w.epochs_spin.setValue(3)
     w.n_train_spin.setValue(200)
+    assert {"ivon", "ivon+lla", "ivon+lla-val"} <= set(w.method_checks)
     for m, box in w.method_checks.items():
-        box.setChecked(m in ("map", "lla-sampled"))
+        box.setChecked(m in ("map", "lla-sampled", "ivon"))
     w.config_overrides = {"em_steps": 2, "em_samples": 4, "predictive_samples": 8,
-                          "angles": (0.0, 90.0), "sto": replace(CLASSIFIER_STO, iterations=40)}
+                          "angles": (0.0, 90.0), "sto": replace(CLASSIFIER_STO, iterations=40),
+                          "ivon_samples": 8}
     worker = w.run()
     assert worker is not None and w.is_running
     qtbot.waitUntil(lambda: not w.is_running, timeout=240_000)
     assert w.result is not None, w.status_label.text()
-    assert w.table.rowCount() == 2
-    assert [w.table.verticalHeaderItem(i).text() for i in range(2)] == ["map", "lla-sampled"]
+    assert w.table.rowCount() == 3
+    assert [w.table.verticalHeaderItem(i).text() for i in range(3)] == ["map", "ivon",
+                                                                         "lla-sampled"]
     acc = float(w.table.item(0, 0).text())
     assert 0 <= acc <= 100
-    assert len(w.figure.axes) == 1 and len(w.figure.axes[0].lines) >= 3   # ideal + 2 methods
+    assert len(w.figure.axes) == 1 and len(w.figure.axes[0].lines) >= 4   # ideal + 3 methods
     images = viewer.layers["digits test images"]
     points = viewer.layers["digits predictions"]
     n = images.data.shape[0]
@@ -64,6 +67,9 @@ def test_tiny_benchmark_in_napari(tab, qtbot):
     w.show_combo.setCurrentText("map")
     np.testing.assert_allclose(viewer.layers["digits predictions"].features["confidence"],
                                w.result.methods["map"].test_probs.max(1))
+    w.show_combo.setCurrentText("ivon")
+    np.testing.assert_allclose(viewer.layers["digits predictions"].features["confidence"],
+                               w.result.methods["ivon"].test_probs.max(1))
 
 
 def test_cancel_stops_the_run(tab, qtbot):

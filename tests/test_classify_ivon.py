@@ -121,3 +121,64 @@ def test_train_ivon_is_seeded_and_checks_inputs():
     assert torch.equal(runs[0].variance, runs[1].variance)
     with pytest.raises(InputError):
         train_ivon(nn.Linear(4, 3), x, y[:10])
+
+
+def _tiny_bench_config(**changes):
+    from dataclasses import replace
+
+    import ctuq.classify as C
+    from ctuq.classify.bench import BenchConfig
+
+    return BenchConfig(hidden=(8,), epochs=4, em_steps=2, em_samples=4, predictive_samples=8,
+                       angles=(0.0, 90.0), ivon_samples=8, train_prior_precision=5.0,
+                       sto=replace(C.CLASSIFIER_STO, iterations=40)).with_(**changes)
+
+
+def test_benchmark_ivon_rows_match_a_direct_fit():
+    """``run_benchmark(..., ('map', 'ivon', 'ivon+lla', ...))``: finite rows; the ivon row is
+    train_ivon + its MC predictive on the same split; adding IVON leaves MAP and LLA as they were."""
+    from ctuq.classify.bench import run_benchmark, validation_split
+    from ctuq.data.classification import load_classification
+    from ctuq.models.classifiers import build_classifier
+
+    data = load_classification("digits", seed=1, n_train=160, n_test=50)
+    cfg = _tiny_bench_config()
+    res = run_benchmark(data, ("map", "lla-sampled", "ivon", "ivon+lla", "ivon+lla-val"), cfg,
+                        seed=1)
+    assert list(res.methods) == ["map", "ivon", "lla-sampled", "ivon+lla", "ivon+lla-val"]
+    for name, m in res.methods.items():
+        assert all(math.isfinite(v) for v in m.metrics.values()), name
+        assert m.seconds > 0 and np.isfinite(m.test_probs).all()
+        np.testing.assert_allclose(m.test_probs.sum(1), 1.0, atol=1e-6)  # MAP: float32
+    ex = res.methods["ivon"].extra
+    assert ex["samples"] == 8 and ex["settings"]["prior_precision"] == pytest.approx(5.0)
+    tr, _ = validation_split(data.y_train, cfg.val_fraction, 1)
+    assert ex["settings"]["ess"] == tr.numel()      # the Bayesian posterior (T = 1)
+    # the same network, trained and sampled by hand, gives the same predictive
+    net = build_classifier("mlp", data.image_shape, 10, seed=1, hidden=(8,))
+    clf = train_ivon(net, data.x_train[tr], data.y_train[tr], epochs=4, batch_size=64,
+                     prior_precision=5.0, seed=1)
+    probs = clf.predict(data.x_test, 8, seed=1).numpy()
+    np.testing.assert_allclose(res.methods["ivon"].test_probs, probs, atol=1e-12)
+    assert res.methods["ivon"].metrics["nll"] == pytest.approx(
+        float(-np.log(probs[np.arange(len(probs)), data.y_test.numpy()]).mean()))
+    # ivon+lla linearises the IVON mean (not the MAP): its own prior fit, the IVON time in it
+    lla = res.methods["ivon+lla"]
+    assert lla.extra["ivon"]["train_seconds"] <= lla.seconds
+    assert lla.extra["variances"] != res.methods["lla-sampled"].extra["variances"]
+    assert res.methods["ivon+lla-val"].extra["scale"] >= 0   # tuned on the held-out tenth
+    # MAP and its LLA are not touched by the IVON methods (same seeds, same draws)
+    alone = run_benchmark(data, ("map", "lla-sampled"), cfg, seed=1)
+    for name in ("map", "lla-sampled"):
+        np.testing.assert_array_equal(alone.methods[name].test_probs,
+                                      res.methods[name].test_probs)
+
+
+def test_benchmark_ivon_needs_a_prior():
+    from ctuq.classify.bench import run_benchmark
+    from ctuq.data.classification import load_classification
+
+    data = load_classification("digits", seed=0, n_train=60, n_test=20)
+    with pytest.raises(InputError) as err:
+        run_benchmark(data, ("map", "ivon"), _tiny_bench_config(train_prior_precision=0.0))
+    assert err.value.field == "train_prior_precision"

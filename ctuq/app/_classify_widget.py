@@ -1,7 +1,12 @@
 """The "Classification benchmark" tab of the ctuq napari plugin.
 
-Pick a data set (digits is bundled; MNIST-like sets need a folder of IDX/NPZ
-files), a model and the methods, press **Run**: the benchmark
+Pick a data set (digits is bundled; Fashion-MNIST is read from Debian's
+``dataset-fashion-mnist`` in ``/usr/share/datasets`` when no folder is given;
+other MNIST-like sets need a folder of IDX/NPZ files), a model and the methods
+(every method of :data:`ctuq.classify.bench.METHODS`: MAP, the linearised
+Laplace variants, MC dropout, laplace-torch, and IVON: ``ivon``, its
+Monte-Carlo predictive, and ``ivon+lla``, the linearised Laplace around the
+IVON mean), press **Run**: the benchmark
 (:func:`ctuq.classify.bench.run_benchmark`, one seed) runs in a
 napari ``thread_worker`` with a progress bar and **Cancel**. The result shows
 
@@ -80,7 +85,8 @@ class ClassifyWidget(QWidget):
         form.addRow("Data set", self.dataset_combo)
         row = QHBoxLayout()
         self.data_dir_edit = QLineEdit()
-        self.data_dir_edit.setPlaceholderText("folder with IDX/NPZ files (not for digits)")
+        self.data_dir_edit.setPlaceholderText(
+            "IDX/NPZ folder (digits: none; fmnist: /usr/share/datasets if empty)")
         browse = QPushButton("…")
         browse.clicked.connect(self._browse)
         row.addWidget(self.data_dir_edit)

@@ -388,10 +388,15 @@ def bench_classify(
                                          "lla-last-layer, lla-last-layer-val, lla-exact, "
                                          "lla-exact-val, lla-exact-probit, "
                                          "lla-exact-prior-val, mc-dropout, laplace-torch, "
-                                         "laplace-torch-ll, or 'all'. '-val' methods (and "
-                                         "map-temp) tune the predictive scale (temperature) "
-                                         "on the validation split; lla-exact-prior-val tunes "
-                                         "a multiplier of the prior precision there."),
+                                         "laplace-torch-ll, laplace-torch-kron, ivon, "
+                                         "ivon+lla, ivon+lla-val, or 'all'. '-val' methods "
+                                         "(and map-temp) tune the predictive scale "
+                                         "(temperature) on the validation split; "
+                                         "lla-exact-prior-val tunes a multiplier of the prior "
+                                         "precision there. ivon trains a network by IVON "
+                                         "(variational) with a Monte-Carlo predictive "
+                                         "(--ivon-samples draws); ivon+lla is the sampled "
+                                         "LLA around its mean."),
         out: Path = typer.Option(Path("bench_classify_out"), "--out", help="Output folder."),
         model: str = typer.Option("mlp", help="mlp | cnn"),
         prior: str = typer.Option("ard", help="ard (layer-wise) | gprior"),
@@ -411,9 +416,23 @@ def bench_classify(
             None, "--sto-batch-size",
             help="Mini-batch (training images) of the sample-then-optimise sampler; "
                  "default: full batch. Faster on large sets (Fashion-MNIST 9k: 1000)."),
+        sto_iterations: int = typer.Option(
+            None, "--sto-iterations",
+            help="Most steps of the sample-then-optimise sampler (default 300; a full "
+                 "batch stops earlier at its tolerance, a mini-batch runs them all)."),
+        ivon_lr: float = typer.Option(None, "--ivon-lr",
+                                      help="IVON's peak learning rate (default 2)."),
+        ivon_hess_init: float = typer.Option(None, "--ivon-hess-init",
+                                             help="IVON's initial Hessian (default 10)."),
+        ivon_prior_precision: float = typer.Option(
+            None, "--ivon-prior-precision",
+            help="Prior precision of IVON's weight prior (default: --train-prior-precision)."),
+        ivon_samples: int = typer.Option(None, "--ivon-samples",
+                                         help="Weight samples of the ivon predictive "
+                                              "(default 64)."),
         threads: int = typer.Option(1, help="torch CPU threads (the small networks run "
                                             "fastest single-threaded; 0 keeps torch's choice).")):
-    """Classification benchmark: MAP, linearised Laplace (sampled / exact), MC dropout.
+    """Classification benchmark: MAP, linearised Laplace (sampled / exact), MC dropout, IVON.
 
     Prints method x accuracy / NLL / ECE (15 bins) / Brier / OOD AUROC / mean NLL
     over the rotated test sets (mean ± std over seeds), and writes bench_classify.json,
@@ -434,11 +453,15 @@ def bench_classify(
         raise InputError(f"must be comma-separated integers, got {seeds!r}",
                          field="--seeds") from None
     method_list = classify_bench.parse_methods(methods)
-    sto = {} if sto_batch_size is None else {
-        "sto": replace(CLASSIFIER_STO, batch_size=sto_batch_size)}
+    sto = {k: v for k, v in (("batch_size", sto_batch_size),
+                             ("iterations", sto_iterations)) if v is not None}
+    ivon = {k: v for k, v in (("ivon_lr", ivon_lr), ("ivon_hess_init", ivon_hess_init),
+                              ("ivon_samples", ivon_samples),
+                              ("ivon_prior_precision", ivon_prior_precision)) if v is not None}
     cfg = classify_bench.BenchConfig(model=model, prior=prior, epochs=epochs,
                                      train_prior_precision=train_prior_precision,
-                                     val_fraction=val_fraction, **sto)
+                                     val_fraction=val_fraction, **ivon,
+                                     **({"sto": replace(CLASSIFIER_STO, **sto)} if sto else {}))
     if threads > 0:
         import torch
 

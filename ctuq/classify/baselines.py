@@ -78,7 +78,7 @@ def laplace_torch_fit(model: nn.Module, x_train: Tensor, y_train: Tensor,
         ctuq's layer-wise ARD) for ``subset='all'``, ``'scalar'`` for the last
         layer (laplace-torch's last-layer Laplace takes no layer-wise prior).
     batch_size : int, optional
-        Default 256.
+        Images per batch of the GGN fit and of the predictive. Default 256.
 
     Returns
     -------
@@ -117,8 +117,10 @@ def laplace_torch_fit(model: nn.Module, x_train: Tensor, y_train: Tensor,
         la.optimize_prior_precision(pred_type="glm", method="marglik",
                                     prior_structure=prior_structure, link_approx="probit")
     def predict(x: Tensor) -> Tensor:
-        # no torch.no_grad(): the GLM predictive takes Jacobians by autograd
-        return la(x, pred_type="glm", link_approx="probit").detach().double()
+        # no torch.no_grad(): the GLM predictive takes Jacobians by autograd; in chunks,
+        # since a chunk's Jacobian holds n × C × P numbers (2000 × 10 × 25k: 2 GB)
+        return torch.cat([la(x[i:i + batch_size], pred_type="glm", link_approx="probit")
+                          .detach().double() for i in range(0, x.shape[0], batch_size)])
 
     prec = torch.as_tensor(la.prior_precision).detach().double().reshape(-1)
     return predict, {"subset": subset, "structure": structure,

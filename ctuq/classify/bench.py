@@ -35,6 +35,16 @@ requested method on the test set, the OOD set and the rotated test sets:
                          laplace-torch imports)
 ``laplace-torch-ll``     laplace-torch's default recipe: last layer, Kronecker-factored
                          GGN, scalar prior precision by marginal likelihood, probit
+``laplace-torch-kron``   laplace-torch over all weights with a Kronecker-factored GGN,
+                         layer-wise prior by marginal likelihood, probit: the
+                         all-weights Laplace where the full GGN is too large
+``ivon``                 a second network trained by IVON (:mod:`ctuq.classify.ivon`:
+                         variational, diagonal Gaussian posterior, the MAP's prior
+                         precision), Monte-Carlo predictive over ``ivon_samples`` weight
+                         draws (default 64)
+``ivon+lla``             the sampled LLA (as ``lla-sampled``) around the IVON mean
+                         ``m`` instead of the MAP ``θ̂``
+``ivon+lla-val``         the same with ``t`` tuned on the validation split
 =======================  ==========================================================
 
 Validation split: with ``val_fraction > 0`` (default 0.1) a seeded, stratified
@@ -42,6 +52,10 @@ part of the *training* set is held out before MAP training
 (:func:`validation_split`) for every method, so that all methods share one
 network; only the ``-val`` methods (``VAL_METHODS``) and ``map-temp`` look at
 it. The test set is never used for tuning.
+
+The ``ivon`` methods train their own network (same architecture and
+initialisation seed as the MAP); their ``seconds`` include that training
+(as ``mc-dropout``'s), and ``ivon+lla``'s is the IVON training plus its LLA.
 
 Metrics (:mod:`ctuq.classify.metrics`): accuracy, NLL, ECE
 (``ece_bins`` equal-width bins, default 15), Brier, OOD AUROC from max-softmax
@@ -58,7 +72,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -68,8 +82,10 @@ from ctuq.errors import InputError
 from ctuq.models.classifiers import build_classifier
 from ctuq import classify as C
 from ctuq.classify import metrics as M
-from ctuq.classify.report import (aggregate, benchmark_document, environment,
-                                  pooled_reliability, rotation_rows)
+from ctuq.classify.ivon import DEFAULT_PREDICTIVE_SAMPLES, train_ivon
+from ctuq.classify.ivon import DEFAULTS as IVON_DEFAULTS
+from ctuq.classify.report import (BenchResult, MethodResult, aggregate, benchmark_document,
+                                  environment, pooled_reliability, rotation_rows)
 from ctuq.progress import check_cancel, emit_progress
 
 __all__ = ["BenchConfig", "MethodResult", "BenchResult", "run_benchmark", "aggregate",
@@ -82,14 +98,15 @@ log = logging.getLogger(__name__)
 METHODS = ("map", "map-temp", "lla-sampled", "lla-sampled-val", "lla-sampled-probit",
            "lla-last-layer", "lla-last-layer-val", "lla-exact", "lla-exact-val",
            "lla-exact-probit", "lla-exact-prior-val", "mc-dropout", "laplace-torch",
-           "laplace-torch-ll")
+           "laplace-torch-ll", "laplace-torch-kron", "ivon", "ivon+lla", "ivon+lla-val")
 #: Methods that need the optional laplace-torch: (subset of weights, GGN structure).
 LAPLACE_TORCH_METHODS = {"laplace-torch": ("all", "full"),
-                         "laplace-torch-ll": ("last_layer", "kron")}
+                         "laplace-torch-ll": ("last_layer", "kron"),
+                         "laplace-torch-kron": ("all", "kron")}
 DEFAULT_METHODS = ("map", "lla-sampled", "lla-sampled-val", "lla-exact", "mc-dropout")
 #: Methods that tune something on the validation split.
 VAL_METHODS = ("map-temp", "lla-sampled-val", "lla-last-layer-val", "lla-exact-val",
-               "lla-exact-prior-val")
+               "lla-exact-prior-val", "ivon+lla-val")
 
 
 def validation_split(y, fraction: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,6 +202,15 @@ class BenchConfig:
         Share of the training set held out (seeded, stratified) for the ``-val``
         methods and ``map-temp``, before MAP training, for all methods. 0: no
         split (those methods are then an error). Default 0.1.
+    ivon_lr, ivon_hess_init, ivon_beta2 : float
+        IVON training (:func:`ctuq.classify.ivon.train_ivon`; ``epochs``,
+        ``batch_size`` and ``train_prior_precision`` as MAP's). Defaults: those
+        of :data:`ctuq.classify.ivon.DEFAULTS` (2, 10, 0.999; docs/ivon.md).
+    ivon_prior_precision : float or None
+        ``α`` of IVON's Gaussian weight prior; None: ``train_prior_precision``
+        (MAP's). Default None.
+    ivon_samples : int
+        Weight samples of the IVON Monte-Carlo predictive. Default 64.
     """
 
     model: str = "mlp"
@@ -208,6 +234,11 @@ class BenchConfig:
     ece_bins: int = 15
     angles: tuple = tuple(float(a) for a in DEFAULT_ANGLES)
     val_fraction: float = 0.1
+    ivon_lr: float = IVON_DEFAULTS["lr"]
+    ivon_hess_init: float = IVON_DEFAULTS["hess_init"]
+    ivon_beta2: float = IVON_DEFAULTS["beta2"]
+    ivon_prior_precision: float | None = None
+    ivon_samples: int = DEFAULT_PREDICTIVE_SAMPLES
 
     def __post_init__(self):
         if not 0.0 <= float(self.val_fraction) < 1.0:
@@ -226,9 +257,19 @@ class BenchConfig:
             raise InputError(f"must be 'mackay' or 'em', got {self.em_update!r}",
                              field="em_update")
         for name in ("em_samples", "predictive_samples", "epochs", "ece_bins",
-                     "mc_dropout_samples", "exact_mc_samples"):
+                     "mc_dropout_samples", "exact_mc_samples", "ivon_samples"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"must be >= 1, got {getattr(self, name)!r}", field=name)
+        for name in ("ivon_lr", "ivon_hess_init"):
+            if not 0.0 < float(getattr(self, name)) < float("inf"):
+                raise InputError(f"must be a finite number > 0, got {getattr(self, name)!r}",
+                                 field=name)
+        if self.ivon_prior_precision is not None and \
+                not 0.0 < float(self.ivon_prior_precision) < float("inf"):
+            raise InputError(f"must be a finite number > 0, got {self.ivon_prior_precision!r}",
+                             field="ivon_prior_precision")
+        if not 0.0 <= float(self.ivon_beta2) < 1.0:
+            raise InputError(f"must be in [0, 1), got {self.ivon_beta2!r}", field="ivon_beta2")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -237,73 +278,6 @@ class BenchConfig:
 
     def with_(self, **changes) -> "BenchConfig":
         return replace(self, **changes)
-
-
-@dataclass
-class MethodResult:
-    """One method on one seed.
-
-    Attributes
-    ----------
-    metrics : dict
-        ``accuracy``, ``nll``, ``ece``, ``brier``, ``ood_auroc``,
-        ``rotation_nll`` (mean NLL over the angles > 0), ``rotation_accuracy``.
-    rotation : list of dict
-        ``angle``, ``accuracy``, ``nll`` per angle.
-    reliability : dict
-        :func:`ctuq.classify.metrics.reliability` on the test set.
-    seconds : float
-    extra : dict
-        Method specifics (prior variances, EM trace, …).
-    test_probs : ndarray, shape (N, C)
-        Test-set predictive probabilities (not serialised).
-    """
-
-    metrics: dict
-    rotation: list
-    reliability: dict
-    seconds: float
-    extra: dict = field(default_factory=dict)
-    test_probs: np.ndarray | None = None
-
-    def to_dict(self) -> dict:
-        return {"metrics": self.metrics, "rotation": self.rotation,
-                "reliability": self.reliability, "seconds": self.seconds, "extra": self.extra}
-
-
-@dataclass
-class BenchResult:
-    """All methods on one seed.
-
-    Attributes
-    ----------
-    dataset : dict
-        :meth:`ClassificationData.summary`.
-    config : dict
-    seed : int
-    methods : dict of str to MethodResult
-    skipped : dict of str to str
-        Methods not run, with the reason.
-    train_seconds : float
-    num_params : int
-    data : ClassificationData
-        The data (not serialised).
-    """
-
-    dataset: dict
-    config: dict
-    seed: int
-    methods: dict
-    skipped: dict
-    train_seconds: float
-    num_params: int
-    data: ClassificationData | None = None
-
-    def to_dict(self) -> dict:
-        return {"dataset": self.dataset, "config": self.config, "seed": self.seed,
-                "num_params": self.num_params, "train_seconds": self.train_seconds,
-                "skipped": self.skipped,
-                "methods": {k: v.to_dict() for k, v in self.methods.items()}}
 
 
 def _evaluate(predict, data: ClassificationData, cfg: BenchConfig) -> MethodResult:
@@ -375,6 +349,11 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
     elif any(m in VAL_METHODS for m in methods):
         raise InputError(f"{', '.join(m for m in methods if m in VAL_METHODS)} need a "
                          "validation split (val_fraction > 0)", field="val_fraction")
+    ivon_alpha = cfg.train_prior_precision if cfg.ivon_prior_precision is None \
+        else cfg.ivon_prior_precision
+    if any(m.startswith("ivon") for m in methods) and not ivon_alpha > 0:
+        raise InputError("the ivon methods need a prior precision > 0 (set "
+                         "ivon_prior_precision)", field="train_prior_precision")
     n_train = int(data.x_train.shape[0])
     if cfg.sto.batch_size is not None and cfg.sto.batch_size > n_train:
         # before training, not after it
@@ -425,13 +404,36 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
                                                   -1),
               time.perf_counter() - t0, dict(temp, n_val=int(y_val.numel())))
 
-    for fam, filt in (("lla-sampled", "all"), ("lla-last-layer", C.last_layer_filter(net))):
+    ivon_clf = None
+    if any(m.startswith("ivon") for m in methods):
+        ivon_clf = train_ivon(
+            build_classifier(cfg.model, data.image_shape, data.num_classes, seed=seed, **kw),
+            data.x_train, data.y_train, epochs=cfg.epochs, batch_size=cfg.batch_size,
+            lr=cfg.ivon_lr, hess_init=cfg.ivon_hess_init, beta2=cfg.ivon_beta2,
+            prior_precision=ivon_alpha, seed=seed, progress=progress, cancel=cancel)
+        var = ivon_clf.posterior.variance
+        ivon_extra = {"settings": ivon_clf.settings.to_dict(), "train_seconds": ivon_clf.seconds,
+                      "final_loss": ivon_clf.loss[-1], "variance_median": float(var.median()),
+                      "variance_mean": float(var.mean()),
+                      "note": "includes training its own network"}
+    if "ivon" in methods:
+        timed("ivon", lambda x: ivon_clf.predict(x, cfg.ivon_samples, seed=seed),
+              ivon_clf.seconds, dict(ivon_extra, samples=cfg.ivon_samples))
+
+    # (family, its linearisation, seconds already spent on its network, extra info)
+    families = [("lla-sampled", lambda: clin, 0.0, {}),
+                ("lla-last-layer", lambda: C.ClassifierLinearization(
+                    net, data.x_train, param_filter=C.last_layer_filter(net)), 0.0, {})]
+    if ivon_clf is not None:
+        families.append(("ivon+lla", lambda: C.ClassifierLinearization(ivon_clf.model,
+                                                                       data.x_train),
+                         ivon_clf.seconds, {"ivon": ivon_extra}))
+    for fam, make_lin, spent, fam_extra in families:
         wanted = [m for m in methods if m == fam or m.startswith(fam + "-")]
         if not wanted:
             continue
-        t0 = time.perf_counter()
-        lin = clin if filt == "all" else C.ClassifierLinearization(net, data.x_train,
-                                                                   param_filter=filt)
+        t0 = time.perf_counter() - spent
+        lin = make_lin()
         probs_train = lin.probs(data.x_train)
         prior = C.build_prior(lin, data.x_train, cfg.prior, probs=probs_train,
                               generator=gen) if cfg.prior == "gprior" else \
@@ -446,7 +448,8 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
                               progress=progress, cancel=cancel)
         shift = em.theta_star - lin.theta_hat  # exactly 0 for the post-hoc Laplace ('map')
         setup = time.perf_counter() - t0
-        extra = {"variances": em.hyperparameters()["a_b"], "blocks": list(prior.block_names),
+        extra = {**fam_extra, "variances": em.hyperparameters()["a_b"],
+                 "blocks": list(prior.block_names),
                  "num_params": lin.num_params, "mode": cfg.lla_mode,
                  "em_trace": em.trace, "em_seconds": em.info["seconds"],
                  "sto_iterations": sample.info["iterations"],

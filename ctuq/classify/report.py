@@ -1,15 +1,85 @@
-"""Summaries of classification-benchmark runs: mean ± std over seeds, pooled reliability,
-rotation rows, the JSON document (docs/method.md §10)."""
+"""Results of classification-benchmark runs and their summaries: mean ± std over seeds,
+pooled reliability, rotation rows, the JSON document (docs/method.md §10)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ctuq.classify import metrics as M
+from ctuq.data.classification import ClassificationData
 
-__all__ = ["aggregate", "pooled_reliability", "rotation_rows", "environment",
+__all__ = ["MethodResult", "BenchResult", "aggregate", "pooled_reliability", "rotation_rows", "environment",
            "benchmark_document"]
+
+
+@dataclass
+class MethodResult:
+    """One method on one seed.
+
+    Attributes
+    ----------
+    metrics : dict
+        ``accuracy``, ``nll``, ``ece``, ``brier``, ``ood_auroc``,
+        ``rotation_nll`` (mean NLL over the angles > 0), ``rotation_accuracy``.
+    rotation : list of dict
+        ``angle``, ``accuracy``, ``nll`` per angle.
+    reliability : dict
+        :func:`ctuq.classify.metrics.reliability` on the test set.
+    seconds : float
+    extra : dict
+        Method specifics (prior variances, EM trace, …).
+    test_probs : ndarray, shape (N, C)
+        Test-set predictive probabilities (not serialised).
+    """
+
+    metrics: dict
+    rotation: list
+    reliability: dict
+    seconds: float
+    extra: dict = field(default_factory=dict)
+    test_probs: np.ndarray | None = None
+
+    def to_dict(self) -> dict:
+        return {"metrics": self.metrics, "rotation": self.rotation,
+                "reliability": self.reliability, "seconds": self.seconds, "extra": self.extra}
+
+
+@dataclass
+class BenchResult:
+    """All methods on one seed.
+
+    Attributes
+    ----------
+    dataset : dict
+        :meth:`ClassificationData.summary`.
+    config : dict
+    seed : int
+    methods : dict of str to MethodResult
+    skipped : dict of str to str
+        Methods not run, with the reason.
+    train_seconds : float
+    num_params : int
+    data : ClassificationData
+        The data (not serialised).
+    """
+
+    dataset: dict
+    config: dict
+    seed: int
+    methods: dict
+    skipped: dict
+    train_seconds: float
+    num_params: int
+    data: ClassificationData | None = None
+
+    def to_dict(self) -> dict:
+        return {"dataset": self.dataset, "config": self.config, "seed": self.seed,
+                "num_params": self.num_params, "train_seconds": self.train_seconds,
+                "skipped": self.skipped,
+                "methods": {k: v.to_dict() for k, v in self.methods.items()}}
 
 
 def aggregate(results: list) -> dict:

@@ -18,7 +18,11 @@ Nothing is downloaded, ever:
     ``y_test`` (Keras' ``mnist.npz`` layout), or KMNIST's four files
     ``kmnist-{train,test}-{imgs,labels}.npz`` (array ``arr_0``).
 
-  A missing or malformed file raises :class:`ctuq.errors.InputError` naming
+  Without ``data_dir`` the files are looked for under
+  :data:`SYSTEM_DATA_DIR` (``/usr/share/datasets``), where Debian's
+  ``dataset-fashion-mnist`` package puts Fashion-MNIST
+  (``fashion-mnist/*-idx?-ubyte.gz``; ``make install`` installs it when run
+  as root). A missing or malformed file raises :class:`ctuq.errors.InputError` naming
   the file and what was expected.
 
 Out-of-distribution (OOD) sets, all of the in-distribution images' shape:
@@ -63,7 +67,7 @@ from ctuq.errors import InputError
 
 __all__ = ["ClassificationData", "load_classification", "load_digits_data", "read_idx",
            "load_mnist_like", "rotate_images", "permuted_images", "DATASETS",
-           "DEFAULT_ANGLES"]
+           "DEFAULT_ANGLES", "SYSTEM_DATA_DIR"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,10 @@ log = logging.getLogger(__name__)
 DATASETS = ("digits", "mnist", "fmnist", "kmnist")
 #: Rotation angles (degrees) of the shift benchmark.
 DEFAULT_ANGLES = (0, 30, 60, 90, 120, 150, 180)
+
+#: Searched when no ``data_dir`` is given: Debian's data-set packages install here
+#: (``dataset-fashion-mnist`` → ``/usr/share/datasets/fashion-mnist``).
+SYSTEM_DATA_DIR = Path("/usr/share/datasets")
 
 _DIRNAMES = {"mnist": ("mnist",), "fmnist": ("fmnist", "fashion-mnist", "fashion_mnist",
                                              "fashionmnist"),
@@ -215,8 +223,10 @@ def load_mnist_like(name: str, data_dir) -> dict:
     Parameters
     ----------
     name : {'mnist', 'fmnist', 'kmnist'}
-    data_dir : str or Path
+    data_dir : str or Path or None
         The folder holding the files (or a sub-folder named after the data set).
+        None: :data:`SYSTEM_DATA_DIR` when it has a sub-folder named after the
+        data set.
 
     Returns
     -------
@@ -233,8 +243,13 @@ def load_mnist_like(name: str, data_dir) -> dict:
     if name not in _DIRNAMES:
         raise InputError(f"must be one of {sorted(_DIRNAMES)}, got {name!r}", field="dataset")
     if data_dir is None:
-        raise InputError(f"{name} is not bundled and is never downloaded: pass the folder "
-                         f"with its IDX or NPZ files (--data-dir)", field="data_dir")
+        system = SYSTEM_DATA_DIR
+        if not any((system / d).is_dir() for d in _DIRNAMES[name]):
+            hint = (" or, as root, `apt-get install dataset-fashion-mnist` (Debian) to put "
+                    f"it in {system}" if name == "fmnist" else "")
+            raise InputError(f"{name} is not bundled and is never downloaded: pass the folder "
+                             f"with its IDX or NPZ files (--data-dir){hint}", field="data_dir")
+        data_dir = system
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise InputError("folder not found", file=data_dir, field="data_dir")
@@ -437,7 +452,8 @@ def load_classification(name: str = "digits", data_dir=None, *, seed: int = 0,
     name : {'digits', 'mnist', 'fmnist', 'kmnist'}, optional
         Default ``'digits'``.
     data_dir : str or Path, optional
-        Folder with the IDX / NPZ files (MNIST-like sets only).
+        Folder with the IDX / NPZ files (MNIST-like sets only). Default:
+        :data:`SYSTEM_DATA_DIR` (Debian's ``dataset-fashion-mnist``).
     seed : int, optional
         Seed of splits, subsamples and OOD permutations. Default 0.
     ood : {'auto', 'permuted', 'holdout', 'dataset'}, optional

@@ -108,6 +108,13 @@ class UncertaintyConfig:
     preconditioner_rank : int
         Rank of the Nyström preconditioner. Default 100 (the presets for
         64² and larger raise it, see :mod:`ctuq.recon.presets`).
+    sto_batch_size : int or None
+        ``sampler = 'sto'``: projection angles per sample-then-optimise step
+        (mini-batched; the data term is rescaled so the gradient is
+        unbiased, and every step of ``sto_iterations`` runs). Default None:
+        all angles (full batch, stopping early at its tolerance).
+    sto_iterations : int
+        ``sampler = 'sto'``: most steps per solve. Default 1000.
     model_error : {'heldout', 'calibrated', 'conformal', 'none'}
         The fit's own error beside the posterior (:mod:`ctuq.recon.model_error`):
         per scan from held-out projections, from coefficients calibrated on
@@ -149,6 +156,10 @@ class UncertaintyConfig:
                                doc="CG iteration cap.")
     preconditioner_rank: int = setting(100, kind=int, minimum=1, maximum=100_000,
                                        doc="Rank of the Nystrom preconditioner.")
+    sto_batch_size: int | None = setting(None, kind=int, minimum=1, maximum=10**7,
+                                         doc="sto: projection angles per step (default: all).")
+    sto_iterations: int = setting(1000, kind=int, minimum=1, maximum=10**7,
+                                  doc="sto: most steps per solve.")
     model_error: str = setting("heldout", kind=str,
                                choices=("heldout", "calibrated", "conformal", "none"),
                                doc="The fit's own error: heldout, calibrated, conformal, none.")

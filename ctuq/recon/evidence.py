@@ -67,9 +67,10 @@ def uncertainty_options(unc, *, learn_noise: bool, seed: int = 0) -> dict:
     dict
         The keyword arguments ``prior`` (kind), ``em`` (EMOptions),
         ``sampler`` (CGSampler with ``cg_tol``, ``cg_max_iter``,
-        ``preconditioner_rank``; or STOSampler with
-        :data:`PIPELINE_STO_ITERATIONS` steps and the other defaults of
-        :class:`~ctuq.posterior.sampling_sto.STOOptions`) and ``predcp``
+        ``preconditioner_rank``; or STOSampler with ``sto_iterations`` steps
+        (default :data:`PIPELINE_STO_ITERATIONS`) over mini-batches of
+        ``sto_batch_size`` projection angles (None: all) and the other defaults
+        of :class:`~ctuq.posterior.sampling_sto.STOOptions`) and ``predcp``
         (PredCPOptions, or None when off) of :func:`fit_posterior`. Matérn
         lengthscales are learned exactly when TV-PredCP is on.
     """
@@ -82,7 +83,8 @@ def uncertainty_options(unc, *, learn_noise: bool, seed: int = 0) -> dict:
         sampler = CGSampler(CGOptions(tol=float(unc.cg_tol), max_iter=int(unc.cg_max_iter),
                                       precond_rank=int(unc.preconditioner_rank)))
     else:
-        sampler = STOSampler(STOOptions(iterations=PIPELINE_STO_ITERATIONS))
+        sampler = STOSampler(STOOptions(iterations=int(unc.sto_iterations),
+                                        batch_size=unc.sto_batch_size))
     predcp = PredCPOptions(scale=float(unc.predcp_scale), samples=int(unc.predcp_samples)) \
         if unc.predcp else None
     return {"prior": unc.prior, "em": em, "sampler": sampler, "predcp": predcp}
