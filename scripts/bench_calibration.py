@@ -83,9 +83,14 @@ def case_list(args) -> list[dict]:
 
     out = []
     for size in args.sizes:
-        for j, (n_angles, noise) in enumerate(CONDITIONS[size]):
-            for family in FAMILIES[args.split]:
-                for i in range(args.per_family):
+        conditions = list(enumerate(CONDITIONS[size]))
+        if args.conditions:  # a subset; ids and images stay those of the full list
+            conditions = [(j, c) for j, c in conditions if c in args.conditions]
+        # images first, then conditions, then families: a partial run covers every
+        # family and condition before it adds a second image of any
+        for i in range(args.per_family):
+            for j, (n_angles, noise) in conditions:
+                for family in FAMILIES[args.split]:
                     index = j * args.per_family + i
                     out.append({"id": f"{args.split}/{family}/{index}/{size}/{n_angles}/"
                                       f"{round(noise * 100)}",
@@ -163,7 +168,7 @@ def run_case(case: dict, args) -> dict:
         calibration = me.ModelErrorCoefficients.load(path) if path.exists() else None
 
     arrays = {"truth": truth, "x_hat": x_hat.numpy()}
-    for predcp in (False, True):
+    for predcp in args.predcp_variants:
         suffix = "_predcp" if predcp else ""
         u = posterior_uncertainty(dip, op, y, sigma, dataclasses.replace(unc, predcp=predcp),
                                   learn_noise=False, seed=c.index)
@@ -344,6 +349,10 @@ def main(argv=None):
                     help="folder of <preset>.json calibration files (default: the shipped ones)")
     ap.add_argument("--mc-samples", type=int, default=128)
     ap.add_argument("--no-mc-dropout", action="store_true")
+    ap.add_argument("--conditions", default=None,
+                    help="a subset of the size's conditions, e.g. 30:0.01,60:0.05")
+    ap.add_argument("--predcp", default="both", choices=("both", "off", "on"),
+                    help="which TV-PredCP variants of the posterior methods to run")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--partial", default=None)
@@ -361,6 +370,10 @@ def main(argv=None):
         from ctuq.recon.model_error import DEFAULTS_DIR
         args.calibration = str(DEFAULTS_DIR)
     args.sizes = [28] if args.quick else [int(s) for s in args.sizes.split(",")]
+    args.conditions = [(int(a), float(n)) for a, n in
+                       (c.split(":") for c in args.conditions.split(","))] \
+        if args.conditions else None
+    args.predcp_variants = {"both": (False, True), "off": (False,), "on": (True,)}[args.predcp]
     cases = case_list(args)
     if args.quick:
         cases = [c for c in cases if c["family"] in ("ellipses", "digits")][:2]
@@ -384,6 +397,7 @@ def main(argv=None):
     rescore(results, args)
     default = default_method()
     doc = {"split": args.split, "sizes": args.sizes, "per_family": args.per_family,
+           "conditions": args.conditions, "predcp_variants": list(args.predcp_variants),
            "default": default, "calibration": args.calibration, "jobs": args.jobs,
            "threads": args.threads, "machine": _machine(torch.device("cpu")),
            "date": time.strftime("%Y-%m-%d"), "wall_time_s": time.perf_counter() - t0,
