@@ -315,7 +315,7 @@ def reconstruct(inputs: list[Path] = typer.Argument(..., help="Sinogram files.")
                 out: Path = typer.Option(..., "--out", help="Output folder."),
                 config: Path = typer.Option(None, "--config", help="TOML settings file."),
                 preset: str = typer.Option(None, help="auto | reference-28 | dip-64 | dip-128 | "
-                                                      "dip-256"),
+                                                      "dip-256 | dip-512"),
                 device: str = typer.Option(None, help="auto | cpu | cuda | cuda:N"),
                 seed: int = typer.Option(None, help="Seed of every random draw."),
                 threads: int = typer.Option(None, help="torch CPU threads per reconstruction "

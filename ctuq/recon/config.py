@@ -7,7 +7,7 @@ what a result file records.
 
 TOML layout (every key optional)::
 
-    preset = "auto"          # or a U-net preset: reference-28, dip-64, dip-128, dip-256
+    preset = "auto"          # or a U-net preset: reference-28, dip-64, dip-128, dip-256, dip-512
     device = "auto"          # auto | cpu | cuda | cuda:1
     seed = 0
     backend = "auto"         # ray transform: auto | matrix | astra
