@@ -19,6 +19,7 @@ TOML layout (every key optional)::
     tv_weight = 0.5
 
     [uncertainty]            # any UncertaintyConfig field
+    method = "laplace"       # or "ivon" (variational, ctuq.recon.ivon_dip)
     n_samples = 16
     em_steps = 5
     predcp = true
@@ -60,6 +61,11 @@ TABLES = ("dip", "uncertainty", "geometry", "read")
 #: Settings that change where and how fast a reconstruction runs, not its meaning.
 RUNTIME_ONLY = ("device", "threads")
 RUNTIME_ONLY_READ = ("isolate", "read_timeout", "max_memory_gib")
+#: UncertaintyConfig fields that only the linearised Laplace method reads
+#: (ignored with ``method = 'ivon'``).
+LAPLACE_ONLY = ("prior", "sampler", "n_samples", "em_steps", "em_tol", "update", "learn_noise",
+                "predcp", "predcp_scale", "predcp_samples", "cg_tol", "cg_max_iter",
+                "preconditioner_rank", "sto_batch_size", "sto_iterations")
 
 
 def _plain(value):
@@ -68,10 +74,23 @@ def _plain(value):
 
 @dataclass(frozen=True)
 class UncertaintyConfig:
-    """Settings of the linearised posterior, its hyperparameters and the predictive.
+    """Settings of the uncertainty method, its hyperparameters and the predictive.
+
+    ``method`` picks how the per-pixel std is computed after the DIP+TV fit:
+    the linearised Laplace posterior with sample-based evidence (``'laplace'``,
+    every field below applies), or IVON (``'ivon'``): the Adam fit continued
+    by variational learning, the std from samples of its weight posterior
+    (:mod:`ctuq.recon.ivon_dip`, settings chosen on validation data,
+    ``docs/ivon.md``). With ``'ivon'`` only ``predictive_samples`` (weight
+    samples for the std map, at least 2), ``stored_samples`` and the
+    model-error fields apply; the Laplace-only fields (:data:`LAPLACE_ONLY`:
+    prior, sampler, EM, PredCP, CG and sample-then-optimise settings) are
+    ignored, and the result's effective config lists them as unused.
 
     Parameters
     ----------
+    method : {'laplace', 'ivon'}
+        The uncertainty method. Default ``'laplace'``.
     prior : {'matern', 'ard', 'gprior'}
         Block prior: Matérn-½ filter covariance per 3×3 block (reference),
         isotropic per-block ARD, or the g-prior. Default ``'gprior'`` (better
@@ -102,7 +121,8 @@ class UncertaintyConfig:
     predcp_samples : int
         Samples of the reparameterised κ estimator. Default 32.
     predictive_samples : int
-        Image-space samples for the std map. Default 128.
+        Image-space samples for the std map (``'ivon'``: weight samples).
+        Default 128.
     stored_samples : int
         Posterior image samples kept in the result file. Default 8.
     cg_tol : float
@@ -130,9 +150,14 @@ class UncertaintyConfig:
         ``'heldout'``: leave out every n-th angle in the second fit. Default 6.
     model_error_file : str or None
         ``'calibrated'``/``'conformal'``: a file written by ``ctuq calibrate``.
-        Default None: the preset's shipped file.
+        Default None: the preset's shipped file (``'laplace'`` only: the
+        shipped files were fitted with the linearised posterior's std; with
+        ``'ivon'`` name a file that ``ctuq calibrate`` wrote with
+        ``method = 'ivon'``).
     """
 
+    method: str = setting("laplace", kind=str, choices=("laplace", "ivon"),
+                          doc="Uncertainty method: laplace (linearised) or ivon (variational).")
     prior: str = setting("gprior", kind=str, choices=("matern", "ard", "gprior"),
                          doc="Block prior: matern, ard or gprior.")
     sampler: str = setting("cg", kind=str, choices=("cg", "sto"),
@@ -175,6 +200,18 @@ class UncertaintyConfig:
 
     def __post_init__(self):
         validate(self, prefix="uncertainty")
+        if self.method == "ivon":
+            if self.predictive_samples < 2:
+                raise InputError("method 'ivon' needs at least 2 weight samples for a std, got "
+                                 f"{self.predictive_samples}",
+                                 field="uncertainty.predictive_samples")
+            if self.model_error in ("calibrated", "conformal") and self.model_error_file is None:
+                raise InputError(
+                    f"model_error {self.model_error!r} with method 'ivon' needs a "
+                    "model_error_file calibrated for IVON (ctuq calibrate --config with "
+                    "method = 'ivon'): the shipped files were fitted with the linearised "
+                    "posterior's std; or use model_error 'heldout' or 'none'",
+                    field="uncertainty.model_error_file")
 
 
 @dataclass(frozen=True)

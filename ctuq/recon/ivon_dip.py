@@ -86,9 +86,10 @@ from ctuq.recon.dip import (
     resolve_device,
 )
 from ctuq.progress import emit_progress
+from ctuq.recon.posterior_handle import Posterior
 
 __all__ = ["IVONDIPConfig", "IVONDIPResult", "fit_ivon_dip", "ivon_dip_samples",
-           "DEFAULT_SAMPLES"]
+           "DEFAULT_SAMPLES", "IVONPosterior", "ivon_uncertainty"]
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +310,17 @@ class IVONDIPResult:
                 "final_loss": float(self.loss_history["loss"][-1])}
 
 
+def _predictor(model: UNet, config: IVONDIPConfig, device) -> UNet:
+    """The network that evaluates the reconstruction and the samples: ``model``
+    itself, or (``config.unclamped``) a copy without the pre-sigmoid clamp."""
+    if not (config.unclamped and model.config.use_sigmoid
+            and model.config.sigmoid_saturation is not None):
+        return model
+    predictor = build_unet(model.config.with_(sigmoid_saturation=None), device="cpu")
+    predictor.load_state_dict(model.state_dict())
+    return predictor.to(device).eval()
+
+
 @torch.no_grad()
 def ivon_dip_samples(model: UNet, net_input: Tensor, posterior: DiagonalGaussian,
                      n_samples: int, *, seed: int = 0, keep: int = 0
@@ -429,12 +441,7 @@ def fit_ivon_dip(y, op, config: IVONDIPConfig | None = None, *,
                      cancel=cancel)
     t_fit = time.perf_counter() - t0
 
-    predictor = model
-    if config.unclamped and model.config.use_sigmoid and \
-            model.config.sigmoid_saturation is not None:
-        predictor = build_unet(model.config.with_(sigmoid_saturation=None), device="cpu")
-        predictor.load_state_dict(model.state_dict())
-        predictor = predictor.to(device).eval()
+    predictor = _predictor(model, config, device)
     with torch.no_grad():
         recon = predictor(net_input)[0, 0].float()
     emit_progress(progress, "ivon_samples", 0, int(config.n_samples), "weight samples")
@@ -452,3 +459,111 @@ def fit_ivon_dip(y, op, config: IVONDIPConfig | None = None, *,
         tv_weight=gamma, noise_std=sigma, settings=settings, config=config,
         fit_seconds=t_fit, sample_seconds=wall - t_fit, wall_time=wall,
         dip=dip_result if config.start == "dip" else None)
+
+
+class IVONPosterior(Posterior):
+    """IVON's weight posterior of one reconstruction, behind the interface of
+    :class:`~ctuq.recon.posterior_handle.Posterior` (``result.posterior`` of a
+    ``method = 'ivon'`` reconstruction): ``sample(n)`` is ``f(θ_k)`` for
+    fresh ``θ_k ~ q``, ``std``/``region_std`` their spread.
+
+    Parameters
+    ----------
+    fit : IVONDIPResult
+    seed : int
+        Base seed of the draws when no seed is given.
+    """
+
+    def __init__(self, fit: IVONDIPResult, *, seed: int = 0):
+        super().__init__(fit.posterior, None, fit.reconstruction.detach().cpu().numpy(),
+                         seed=seed)
+        self.fit = fit
+        self._model = _predictor(fit.model, fit.config, fit.net_input.device)
+
+    def _outputs(self, n: int, seed: int | None) -> np.ndarray:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 2 <= n <= 100_000:
+            raise InputError(f"must be an integer from 2 to 100000, got {n!r}", field="n")
+        if seed is None:  # fresh draws on every call, reproducible across a session
+            seed = self._seed + 1000 + self._draws
+            self._draws += 1
+        with torch.no_grad():
+            outs = evaluate_under_samples(
+                self._model, self.fit.posterior,
+                lambda m: m(self.fit.net_input)[0, 0].double(), int(n), seed=int(seed))
+        return outs.cpu().numpy()
+
+    def zero_mean_samples(self, n: int, *, seed: int | None = None) -> np.ndarray:
+        """``f(θ_k)`` minus their mean, ``[n, H, W]`` float32 (``n >= 2``)."""
+        outs = self._outputs(n, seed)
+        return (outs - outs.mean(0)).astype(np.float32)
+
+    def sample(self, n: int, *, seed: int | None = None) -> np.ndarray:
+        """``f(θ_k)`` for ``n`` fresh weight samples, ``[n, H, W]`` float32."""
+        return self._outputs(n, seed).astype(np.float32)
+
+    def __repr__(self) -> str:
+        return f"IVONPosterior(image {self.image_shape[0]} x {self.image_shape[1]})"
+
+
+#: IVON's settings in the pipeline (``method = 'ivon'``): the validated defaults
+#: (docs/ivon.md §5); ``dip``, ``n_samples`` and ``keep_samples`` are set per run.
+PIPELINE_CONFIG = IVONDIPConfig()
+
+
+def ivon_uncertainty(dip: DIPResult, op, y: Tensor, noise_std: float, unc, *, seed: int = 0,
+                     progress: Callable | None = None,
+                     cancel: Callable[[], bool] | None = None) -> dict:
+    """The pipeline's ``method = 'ivon'`` stage: IVON from the pipeline's Adam fit.
+
+    The counterpart of :func:`ctuq.recon.pipeline.posterior_uncertainty`:
+    :func:`fit_ivon_dip` with :data:`PIPELINE_CONFIG` (the defaults of
+    :class:`IVONDIPConfig`, chosen on validation data, docs/ivon.md §5), ``start='dip'`` from ``dip`` (its
+    :class:`~ctuq.recon.dip.DIPConfig` gives the architecture, TV weight,
+    seed and device), ``unc.predictive_samples`` weight samples, all kept.
+
+    Parameters
+    ----------
+    dip : DIPResult
+        The pipeline's Adam DIP+TV fit.
+    op : RayTransform
+    y : Tensor, shape (n_angles, n_detector)
+    noise_std : float
+        σ of the likelihood (known or estimated; IVON does not learn it).
+    unc : UncertaintyConfig
+        ``method == 'ivon'``; ``predictive_samples`` (>= 2) is read.
+    seed : int
+        Base seed of :meth:`IVONPosterior.sample`'s fresh draws.
+    progress, cancel : callable, optional
+        Stages ``'ivon_dip'`` and ``'ivon_samples'``.
+
+    Returns
+    -------
+    dict
+        ``fit`` (:class:`IVONDIPResult`), ``reconstruction`` (``f(m)``,
+        ``[H, W]``), ``image_samples`` (``f(θ_k)`` minus their mean,
+        ``[k, H, W]``), ``samples`` (``f(θ_k)``), ``variance`` (``[H, W]``
+        float64 on the CPU, ``n − 1`` degrees of freedom), ``hyperparameters``,
+        ``summary`` (:meth:`IVONDIPResult.summary`), ``posterior``
+        (:class:`IVONPosterior`) and ``timings`` (seconds of ``ivon`` and
+        ``ivon_samples``).
+    """
+    k = int(unc.predictive_samples)
+    config = PIPELINE_CONFIG.with_(dip=dip.config, n_samples=k, keep_samples=k, start="dip")
+    fit = fit_ivon_dip(y, op, config, noise_std=noise_std, dip_result=dip, progress=progress,
+                       cancel=cancel)
+    samples = fit.samples.double()
+    # IVON's curvature estimate h, from v = 1 / (ess (h + weight_decay))
+    hessian = 1.0 / (fit.settings.ess * fit.posterior.variance) - fit.settings.weight_decay
+    hyper = {"method": "ivon", "sigma2": float(noise_std) ** 2, "noise_learned": False,
+             "tv_weight": float(fit.tv_weight), "ess": float(fit.settings.ess),
+             "temperature": config.effective_temperature(int(y.numel())),
+             "prior_precision": float(config.prior_precision),
+             "weight_decay": float(fit.settings.weight_decay),
+             "hessian_median": float(hessian.median()),
+             "weight_std_median": float(fit.posterior.std.median()),
+             "final_loss": float(fit.loss_history["loss"][-1])}
+    return {"fit": fit, "reconstruction": fit.reconstruction.detach(),
+            "image_samples": samples - samples.mean(0), "samples": fit.samples,
+            "variance": fit.std.double().cpu() ** 2, "hyperparameters": hyper,
+            "summary": fit.summary(), "posterior": IVONPosterior(fit, seed=seed),
+            "timings": {"ivon": fit.fit_seconds, "ivon_samples": fit.sample_seconds}}

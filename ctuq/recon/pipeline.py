@@ -4,6 +4,14 @@
              ─▶ sample-based EM (prior + noise, TV-PredCP) ─▶ posterior samples
              ─▶ mean (the DIP output), std, metrics (when the truth is known) ─▶ Result
 
+With ``[uncertainty] method = "ivon"`` the linearisation and EM are replaced
+by IVON (:func:`ctuq.recon.ivon_dip.ivon_uncertainty`): the Adam fit is
+continued by variational learning and the std comes from samples of IVON's
+weight posterior; the reconstruction is the output of its mean weights, the
+Result has the same layout (``em_trace`` empty, IVON's settings in
+``hyperparameters`` and ``config['ivon']``). The model-error stage applies to
+either method's posterior variance.
+
 :func:`reconstruct` takes a ``progress`` callable, which receives
 ``(stage, step, total, message)`` events (see :mod:`ctuq.progress`),
 and a ``cancel`` callable checked between steps. A stack of slices is
@@ -37,7 +45,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
@@ -49,7 +57,7 @@ from ctuq.data.io import (Result, Sinogram, read_sinogram, read_sinogram_isolate
 from ctuq.data.operators import RayTransform
 from ctuq.errors import InputError
 from ctuq.recon.baselines import estimate_noise_std, fbp_reconstruction
-from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
+from ctuq.recon.config import LAPLACE_ONLY, ReconstructionConfig, UncertaintyConfig
 from ctuq.recon.dip import fit_dip, resolve_device
 from ctuq.progress import check_cancel, emit_progress
 from ctuq.recon.posterior_handle import Posterior
@@ -164,14 +172,17 @@ def reconstruct(sinogram, config: ReconstructionConfig | None = None, *,
     Returns
     -------
     Result
-        ``reconstruction`` (the DIP output, the posterior mean shown to users),
+        ``reconstruction`` (the DIP output, the posterior mean shown to users;
+        ``method = 'ivon'``: the output of IVON's mean weights, the Adam fit
+        being ``dip``),
         ``std`` (total std: ``posterior_std`` and ``model_error_std`` together,
         :mod:`ctuq.recon.model_error`), ``variance`` (total), a few posterior ``samples``,
         ``fbp``, ``dip``, learned ``hyperparameters``, the ``em_trace``,
         ``metrics`` (with a ground truth), the effective ``config``, the
         ``provenance`` (versions, threads, device) and, in memory only, the
-        fitted ``posterior`` (:class:`~ctuq.recon.posterior_handle.Posterior`;
-        one per slice for a stack): ``result.posterior.sample(n)``,
+        fitted ``posterior`` (:class:`~ctuq.recon.posterior_handle.Posterior`,
+        or :class:`~ctuq.recon.ivon_dip.IVONPosterior`; one per slice for a
+        stack): ``result.posterior.sample(n)``,
         ``result.posterior.region_std(region)``.
     """
     if not isinstance(sinogram, Sinogram):
@@ -215,13 +226,12 @@ def reconstruct(sinogram, config: ReconstructionConfig | None = None, *,
         f"slice_{i}": o["hyperparameters"] for i, o in enumerate(outs)}
     trace = first["trace"] if len(outs) == 1 else [
         {**t, "slice": i} for i, o in enumerate(outs) for t in o["trace"]]
-    posteriors = [Posterior(o["posterior"], o["linearization"], o["mean"], seed=config.seed)
-                  for o in outs]
+    posteriors = [o["posterior"] for o in outs]
     return Result(
         reconstruction=stack("mean"), std=stack("std"), variance=stack("variance"),
         posterior_std=stack("posterior_std"), model_error_std=stack("model_error_std"),
         samples=stack("samples") if first["samples"] is not None else None,
-        fbp=stack("fbp"), dip=stack("mean"),
+        fbp=stack("fbp"), dip=stack("dip"),
         ground_truth=sinogram.ground_truth, geometry=sinogram.geometry,
         config=first["config"], hyperparameters=hyper, em_trace=trace, metrics=metrics,
         input_path=sinogram.meta.get("source"), seed=config.seed, device=first["device"],
@@ -376,20 +386,33 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
     timings["dip"] = dip.wall_time
     check_cancel(cancel, "reconstruction")
 
-    unc_out = posterior_uncertainty(dip, op, y, noise_std, unc, learn_noise=(
-        (not noise_known) if unc.learn_noise is None else unc.learn_noise),
-        seed=config.seed, progress=progress, cancel=cancel)
+    if unc.method == "ivon":
+        from ctuq.recon.ivon_dip import ivon_uncertainty
+
+        unc_out = ivon_uncertainty(dip, op, y, noise_std, unc, seed=config.seed,
+                                   progress=progress, cancel=cancel)
+        mean, noise_var = unc_out["reconstruction"], noise_std**2
+        kept = unc_out["samples"]
+        # the model error is that of the reconstruction shown, IVON's f(m)
+        me_dip = replace(dip, reconstruction=mean)
+    else:
+        unc_out = posterior_uncertainty(dip, op, y, noise_std, unc, learn_noise=(
+            (not noise_known) if unc.learn_noise is None else unc.learn_noise),
+            seed=config.seed, progress=progress, cancel=cancel)
+        post = unc_out["posterior"]
+        mean, noise_var, me_dip = dip.reconstruction.detach(), float(post.noise_var), dip
+        kept = mean + unc_out["image_samples"]
     timings.update(unc_out["timings"])
-    post, image_samples = unc_out["posterior"], unc_out["image_samples"]
+    check_cancel(cancel, "reconstruction")
+    image_samples = unc_out["image_samples"]
     var_post = unc_out["variance"].double().cpu()
     preset = config.preset_for(geometry.image_shape)
-    me_out = model_error_stage(dip, op, y, float(post.noise_var), unc, var_post, preset,
+    me_out = model_error_stage(me_dip, op, y, noise_var, unc, var_post, preset,
                                progress=progress, cancel=cancel)
     timings["model_error"] = me_out["seconds"]
     variance = var_post + me_out["variance"]
     std = variance.sqrt()
 
-    mean = dip.reconstruction.detach()
     metrics = {}
     if sino.ground_truth is not None:
         truth = np.asarray(sino.ground_truth, dtype=np.float32)
@@ -399,21 +422,34 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
         post_only = predictive.summary(truth, mean.cpu(), var_post.sqrt(), patch_sizes=())
         metrics["pixel_log_likelihood_posterior"] = post_only["pixel_log_likelihood"]
         metrics["coverage_2sigma_posterior"] = post_only["coverage"]["2"]
+        if unc.method == "ivon":
+            metrics["psnr_dip"] = predictive.psnr(truth, dip.reconstruction.detach().cpu())
     timings["total"] = time.perf_counter() - t_start
-    effective = {"preset": config.preset_for(geometry.image_shape), "device": str(device),
+    effective = {"preset": preset, "device": str(device),
                  "seed": config.seed, "backend": op.backend, "noise_std": noise_std,
-                 "noise_std_known": noise_known, "dip": dip.config.to_dict(),
-                 "uncertainty": asdict(unc), "evidence": options_summary(unc_out["options"]),
-                 "model_error": me_out["coefficients"].to_dict(), "timings_s": timings}
+                 "noise_std_known": noise_known, "dip": dip.config.to_dict()}
+    if unc.method == "ivon":
+        # what IVON ran with; the Laplace-only settings are listed as unused
+        effective.update({
+            "uncertainty": {k: v for k, v in asdict(unc).items() if k not in LAPLACE_ONLY},
+            "uncertainty_unused": list(LAPLACE_ONLY), "ivon": unc_out["summary"]})
+        effective["ivon"]["config"].pop("dip", None)  # the same as "dip" above
+        hyper, trace, handle = unc_out["hyperparameters"], [], unc_out["posterior"]
+    else:
+        effective.update({"uncertainty": asdict(unc),
+                          "evidence": options_summary(unc_out["options"])})
+        hyper, trace = post.hyperparameters(), post.trace
+        handle = Posterior(post, unc_out["linearization"], mean.cpu().numpy(), seed=config.seed)
+    effective.update({"model_error": me_out["coefficients"].to_dict(), "timings_s": timings})
     k = min(unc.stored_samples, unc.predictive_samples)
     return {
         "mean": mean.cpu().numpy(), "std": std.float().numpy(),
         "variance": variance.float().numpy(), "posterior_std": var_post.sqrt().float().numpy(),
         "model_error_std": me_out["variance"].sqrt().float().numpy(),
-        "samples": (mean + image_samples[:k]).cpu().numpy() if k else None,
-        "fbp": fbp.cpu().numpy(), "metrics": metrics, "hyperparameters": post.hyperparameters(),
-        "trace": post.trace, "config": effective, "device": str(device),
-        "posterior": post, "linearization": unc_out["linearization"],
+        "samples": kept[:k].cpu().numpy() if k else None,
+        "dip": dip.reconstruction.detach().cpu().numpy(),
+        "fbp": fbp.cpu().numpy(), "metrics": metrics, "hyperparameters": hyper,
+        "trace": trace, "config": effective, "device": str(device), "posterior": handle,
     }
 
 
