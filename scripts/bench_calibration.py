@@ -26,6 +26,9 @@ same DIP+TV fit (the size's preset, default settings):
   ``ctuq calibrate`` on the tuning split);
 - ``conformal`` / ``conformal_predcp``: the posterior std × the same file's
   split-conformal multiplier;
+- ``ivon`` / ``ivon_heldout`` (with ``--ivon``): IVON from the same Adam
+  fit (``[uncertainty] method = "ivon"``, docs/ivon.md), alone and + the
+  same held-out model error;
 - ``default``: what ``ctuq reconstruct`` does with no settings (one of the
   above, named in the document).
 
@@ -72,6 +75,7 @@ CONDITIONS = {64: [(30, 0.01), (30, 0.05), (60, 0.01), (60, 0.05)],
               128: [(60, 0.01), (60, 0.05)], 28: [(20, 0.05)]}
 POSTERIOR_METHODS = ("posterior", "heldout", "calibrated", "conformal")
 LABELS = {"fbp": "FBP, residual variance", "mc_dropout": "MC-dropout DIP",
+          "ivon": "IVON-DIP", "ivon_heldout": "IVON-DIP + held-out model error",
           "posterior": "ctuq posterior only", "heldout": "ctuq + held-out model error",
           "calibrated": "ctuq + calibrated model error",
           "conformal": "ctuq posterior × conformal factor"}
@@ -197,6 +201,21 @@ def run_case(case: dict, args) -> dict:
         Path(args.arrays).mkdir(parents=True, exist_ok=True)
         np.savez_compressed(Path(args.arrays) / (case["id"].replace("/", "_") + ".npz"),
                             **arrays)
+    if args.ivon:  # IVON from the same Adam fit, alone and with the same held-out term
+        from ctuq.recon.ivon_dip import ivon_uncertainty
+
+        iv = ivon_uncertainty(dip, op, y, sigma, dataclasses.replace(unc, method="ivon"),
+                              seed=c.index)
+        x_iv, var_iv = iv["reconstruction"].detach().double().cpu(), iv["variance"].double()
+        times["ivon"] = sum(iv["timings"].values())
+        m["ivon"] = score(truth, x_iv, var_iv.sqrt())
+        t0 = time.perf_counter()
+        co = me.fit_heldout(op, y, mask, dip_in.reconstruction.detach().cpu(), var_iv,
+                            sigma**2)
+        times["ivon_heldout"] = times["ivon"] + times["heldout_fit"] + (
+            time.perf_counter() - t0)
+        out["coefficients"]["ivon_heldout"] = {"t0": co.t0, "s1": co.s1}
+        m["ivon_heldout"] = score(truth, x_iv, (var_iv + co.variance(x_iv, var_iv)).sqrt())
     if not args.no_mc_dropout:
         mc = fit_mc_dropout(y, op, dip_cfg.with_(progress_every=10**6),
                             n_samples=args.mc_samples, noise_std=sigma)
@@ -359,7 +378,7 @@ def write_docs(doc: dict, folder: Path) -> None:
         fig, ax = plt.subplots(figsize=(4.5, 4.5))
         ax.plot([0, 1], [0, 1], "k:", lw=1)
         for name, s in block["methods"].items():
-            if s and (name in ("fbp", "mc_dropout", doc["default"]) or
+            if s and (name in ("fbp", "mc_dropout", "ivon_heldout", doc["default"]) or
                       name.replace("_predcp", "") == "posterior"):
                 ax.plot(LEVELS, s["reliability"], marker=".", label=name)
         ax.set_xlabel("nominal coverage")
@@ -384,6 +403,8 @@ def main(argv=None):
     ap.add_argument("--no-mc-dropout", action="store_true")
     ap.add_argument("--conditions", default=None,
                     help="a subset of the size's conditions, e.g. 30:0.01,60:0.05")
+    ap.add_argument("--ivon", action="store_true",
+                    help="also IVON from the same Adam fit (methods ivon, ivon_heldout)")
     ap.add_argument("--only-done", action="store_true",
                     help="run nothing: summarise the cases already in --partial")
     ap.add_argument("--predcp", default="both", choices=("both", "off", "on"),
