@@ -5,24 +5,24 @@ whose :class:`~ctuq.fields.Spec` says its kind, range, choices, unit and help
 text. :class:`SettingsForm` turns chosen fields of such a dataclass into
 magicgui widgets, one per field:
 
-=================================  ==================================================
-field                              widget
-=================================  ==================================================
-``choices`` (or a choices override) ``ComboBox`` of the choices
-``bool``                           ``CheckBox``
-``int``                            ``SpinBox`` over ``[minimum, maximum]``
-``float``                          ``FloatSpinBox`` over ``[minimum, maximum]`` (an
-                                   exclusive ``greater_than`` bound becomes the next
-                                   value shown)
-``str``                            ``LineEdit``
-optional (None allowed)            :class:`AutoOr`: an "auto" tick box beside the
-                                   widget above; ticked means None
-=================================  ==================================================
+* choices (the spec's, or an override such as the devices present):
+  ``ComboBox``;
+* ``bool``: ``CheckBox``;
+* ``int``: ``SpinBox`` over ``[minimum, maximum]`` (an int that also takes
+  two integers, ``pair``, gets one spin box);
+* ``float``: ``FloatSpinBox`` over ``[minimum, maximum]`` (an exclusive
+  ``greater_than`` bound becomes the next value shown);
+* ``str``: ``LineEdit``;
+* optional (None allowed): :class:`AutoOr`, an "auto" tick box beside the
+  widget above; ticked means None.
+
+Tables and lists (``dict``, ``list`` settings) are left to TOML files.
 
 The tooltip is the field's key (``dip.iterations``), help text, range and
-unit. A value out of range cannot be entered (the spin boxes clamp, and
-setting ``widget.value`` out of range raises ``ValueError``), so whatever the
-form holds passes :func:`ctuq.fields.validate`.
+unit. A number out of range cannot be entered (the spin boxes clamp, and
+setting ``widget.value`` out of range raises ``ValueError``); free text (a
+device name, a path) is checked by :func:`ctuq.fields.validate` when the
+configuration is built, as it is for a TOML file.
 
 A form starts at the field defaults, or at ``defaults`` given to it (the
 preset's values for the current image, in the napari widget), and
