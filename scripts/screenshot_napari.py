@@ -51,10 +51,10 @@ def main(argv=None) -> int:
     widget = dock_widget(viewer)
     viewer.open_sample("ctuq", args.sample)
     widget.advanced_toggle.setChecked(True)
-    widget.iterations_spin.setValue(args.iterations)
-    widget.em_steps_spin.setValue(args.em_steps)
-    widget.n_samples_spin.setValue(args.samples)
-    widget.predictive_spin.setValue(args.predictive)
+    widget.setting("dip.iterations").value = args.iterations
+    widget.setting("uncertainty.em_steps").value = args.em_steps
+    widget.setting("uncertainty.n_samples").value = args.samples
+    widget.setting("uncertainty.predictive_samples").value = args.predictive
     app = QApplication.instance()
 
     t0 = time.perf_counter()

@@ -43,10 +43,20 @@ def viewer_widget(make_napari_viewer, qtbot):
 
 def _tiny(widget, iterations=20):
     widget.advanced_toggle.setChecked(True)
-    widget.iterations_spin.setValue(iterations)
-    widget.em_steps_spin.setValue(1)
-    widget.n_samples_spin.setValue(2)
-    widget.predictive_spin.setValue(4)
+    widget.setting("dip.iterations").value = iterations
+    widget.setting("uncertainty.em_steps").value = 1
+    widget.setting("uncertainty.n_samples").value = 2
+    widget.setting("uncertainty.predictive_samples").value = 4
+
+
+def _geo(widget, name):
+    """The value of a geometry field."""
+    return widget.geometry_box.fields[name].value
+
+
+def _set_geo(widget, **values):
+    for name, value in values.items():
+        widget.geometry_box.fields[name].value = value
 
 
 def test_layout_and_geometry_fields(viewer_widget):
@@ -57,15 +67,11 @@ def test_layout_and_geometry_fields(viewer_widget):
     # only the sinogram is offered (not its truth), and its geometry fills the fields
     assert [w.layer_combo.itemText(i) for i in range(w.layer_combo.count())] == ["digit"]
     layer_geometry = Geometry.from_dict(viewer.layers["digit"].metadata["geometry"])
-    assert (w.n_angles_spin.value(), w.n_detector_spin.value(),
-            w.image_size_spin.value()) == (20, 40, 28)
-    assert w.beam_combo.currentText() == "parallel"
+    assert (_geo(w, "n_angles"), _geo(w, "n_detector"), _geo(w, "image_size")) == (20, 40, 28)
+    assert _geo(w, "beam") == "parallel"
     assert w.geometry() == layer_geometry                   # the file's exact angles
     # editable: the fields are what is used
-    w.pixel_size_spin.setValue(0.5)
-    w.detector_spacing_spin.setValue(0.5)
-    w.angle_first_spin.setValue(0.0)
-    w.angle_last_spin.setValue(171.0)
+    _set_geo(w, pixel_size=0.5, detector_spacing=0.5, angle_first=0.0, angle_last=171.0)
     g = w.geometry()
     assert g.pixel_size == 0.5 and g.detector_spacing == 0.5
     np.testing.assert_allclose(g.angles_deg, np.arange(20) * 9.0)
@@ -74,25 +80,58 @@ def test_layout_and_geometry_fields(viewer_widget):
     # a plain image layer (no ctuq metadata) gets defaults from its shape
     viewer.add_image(np.zeros((30, 50), np.float32), name="plain")
     w.layer_combo.setCurrentText("plain")
-    assert (w.n_angles_spin.value(), w.n_detector_spin.value(),
-            w.image_size_spin.value()) == (30, 50, 50)
+    assert (_geo(w, "n_angles"), _geo(w, "n_detector"), _geo(w, "image_size")) == (30, 50, 50)
     assert w.sinogram().ground_truth is None
     # renaming keeps the selection
     viewer.layers["plain"].name = "renamed"
-    assert w.layer_combo.currentText() == "renamed" and w.n_angles_spin.value() == 30
+    assert w.layer_combo.currentText() == "renamed" and _geo(w, "n_angles") == 30
     cfg = w.config()
-    assert cfg.preset == "auto" and cfg.dip == {} and cfg.uncertainty == {"predcp_scale": 1.0}
+    assert cfg.preset == "auto" and cfg.dip == {} and cfg.uncertainty == {}
     _tiny(w)
-    w.predcp_spin.setValue(0.0)
+    w.setting("uncertainty.predcp").value = False
     cfg = w.config()
     assert cfg.dip == {"iterations": 20}
     assert cfg.uncertainty == {"em_steps": 1, "n_samples": 2, "predictive_samples": 4,
                                "predcp": False}
 
 
+def test_advanced_rows_follow_the_preset_and_record_changes(viewer_widget):
+    from ctuq.recon.presets import DIP_DEFAULTS, UNCERTAINTY_DEFAULTS
+
+    viewer, w = viewer_widget                            # the digit: 28², reference-28
+    iterations, n_samples = w.setting("dip.iterations"), w.setting("uncertainty.n_samples")
+    assert iterations.value == DIP_DEFAULTS["reference-28"]["iterations"]
+    assert n_samples.value == UNCERTAINTY_DEFAULTS["reference-28"]["n_samples"]
+    assert w.setting("dip.tv_weight").value is None     # auto: from the noise level
+    n_samples.value = 3
+    w.setting("preset").value = "dip-64"
+    assert iterations.value == DIP_DEFAULTS["dip-64"]["iterations"]  # untouched: follows
+    assert n_samples.value == 3                                       # changed: kept
+    w.setting("dip.tv_weight").value = 0.25
+    w.setting("seed").value = 7
+    w.setting("uncertainty.predcp").value = False
+    assert not w.setting("uncertainty.predcp_scale").enabled
+    cfg = w.config()
+    assert (cfg.preset, cfg.seed, cfg.device) == ("dip-64", 7, "auto")
+    assert cfg.dip == {"tv_weight": 0.25}
+    assert cfg.uncertainty == {"n_samples": 3, "predcp": False}
+    # what the rows show is what the run uses
+    dip, unc = cfg.resolve(w.geometry().image_shape)
+    for key, value in w.forms["dip"].values().items():
+        assert getattr(dip, key) == value, key
+    for key, value in w.forms["uncertainty"].values().items():
+        assert getattr(unc, key) == value, key
+    # preset auto: untouched rows follow the image size's preset
+    w.setting("preset").value = "auto"
+    assert iterations.value == DIP_DEFAULTS["reference-28"]["iterations"]
+    w.geometry_box.fields["image_size"].value = 64
+    assert iterations.value == DIP_DEFAULTS["dip-64"]["iterations"]
+    assert w.config().dip == {"tv_weight": 0.25}
+
+
 def test_invalid_geometry_gives_error_and_no_run(viewer_widget):
     viewer, w = viewer_widget
-    w.n_detector_spin.setValue(41)           # the data have 40 detector pixels
+    _set_geo(w, n_detector=41)               # the data have 40 detector pixels
     n_before = len(_notifications())
     assert w.run() is None
     errors = [n for n in _notifications()[n_before:] if n.severity == "error"]
@@ -106,7 +145,7 @@ def test_cancel_stops_quickly_and_viewer_stays_usable(viewer_widget, qtbot):
 
     viewer, w = viewer_widget
     w.advanced_toggle.setChecked(True)
-    w.iterations_spin.setValue(200_000)      # would run for hours
+    w.setting("dip.iterations").value = 200_000  # would run for hours
     n_layers = len(viewer.layers)
     n_before = len(_notifications())
     worker = w.run()
@@ -148,10 +187,10 @@ def test_cancel_during_hyperparameter_fit(viewer_widget, qtbot):
     viewer, w = viewer_widget
     viewer.open_sample("ctuq", "shepp_logan")
     w.layer_combo.setCurrentText("shepp_logan")
-    assert w.image_size_spin.value() == 64
+    assert _geo(w, "image_size") == 64
     _tiny(w)
-    w.em_steps_spin.setValue(500)            # would run for an hour
-    w.n_samples_spin.setValue(8)
+    w.setting("uncertainty.em_steps").value = 500   # would run for an hour
+    w.setting("uncertainty.n_samples").value = 8
     n_layers = len(viewer.layers)
     w.run()
     qtbot.waitUntil(lambda: w.progress_bars["em"].value() >= 1, timeout=120_000)
@@ -224,7 +263,7 @@ def test_gui_opens_file_with_widget_docked(qtbot, tmp_path):
         assert [lay.name for lay in viewer.layers] == ["scan", "scan truth"]
         widget = viewer.window.dock_widgets["CT reconstruction (ctuq)"]
         assert widget.layer_combo.currentText() == "scan"
-        assert widget.n_angles_spin.value() == 10
+        assert widget.geometry_box.fields["n_angles"].value == 10
     finally:
         viewer.close()
 
