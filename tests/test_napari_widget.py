@@ -88,11 +88,10 @@ def test_layout_and_geometry_fields(viewer_widget):
     cfg = w.config()
     assert cfg.preset == "auto" and cfg.dip == {} and cfg.uncertainty == {}
     _tiny(w)
-    w.setting("uncertainty.predcp").value = False
+    assert w.setting("uncertainty.predcp").value is False   # the default (docs/defaults.md)
     cfg = w.config()
     assert cfg.dip == {"iterations": 20}
-    assert cfg.uncertainty == {"em_steps": 1, "n_samples": 2, "predictive_samples": 4,
-                               "predcp": False}
+    assert cfg.uncertainty == {"em_steps": 1, "n_samples": 2, "predictive_samples": 4}
 
 
 def test_advanced_rows_follow_the_preset_and_record_changes(viewer_widget):
@@ -109,12 +108,13 @@ def test_advanced_rows_follow_the_preset_and_record_changes(viewer_widget):
     assert n_samples.value == 3                                       # changed: kept
     w.setting("dip.tv_weight").value = 0.25
     w.setting("seed").value = 7
-    w.setting("uncertainty.predcp").value = False
-    assert not w.setting("uncertainty.predcp_scale").enabled
+    assert not w.setting("uncertainty.predcp_scale").enabled   # PredCP off by default
+    w.setting("uncertainty.predcp").value = True
+    assert w.setting("uncertainty.predcp_scale").enabled
     cfg = w.config()
     assert (cfg.preset, cfg.seed, cfg.device) == ("dip-64", 7, "auto")
     assert cfg.dip == {"tv_weight": 0.25}
-    assert cfg.uncertainty == {"n_samples": 3, "predcp": False}
+    assert cfg.uncertainty == {"n_samples": 3, "predcp": True}
     # what the rows show is what the run uses
     dip, unc = cfg.resolve(w.geometry().image_shape)
     for key, value in w.forms["dip"].values().items():

@@ -84,7 +84,9 @@ def _another_value(widget, spec, default):
     """A valid value of the field other than ``default`` (None: the field is skipped)."""
     inner = _inner(widget)
     if spec.choices is not None:
-        return next(c for c in spec.choices if c != default)
+        # the last other choice: the first ('calibrated' for model_error) is refused
+        # together with method 'ivon' without a file of its own
+        return [c for c in spec.choices if c != default][-1]
     if spec.kind is bool:
         return True if default is None else not default
     if spec.kind is int:

@@ -50,13 +50,14 @@ STAGES = {"fbp": "FBP", "dip": "DIP + TV fit", "em": "EM (hyperparameters)",
 
 #: The settings rows of "Advanced options", by table of ReconstructionConfig ("": top level).
 ADVANCED = {"dip": ("iterations", "tv_weight"),
-            "uncertainty": ("n_samples", "em_steps", "predictive_samples", "predcp",
-                            "predcp_scale"),
+            "uncertainty": ("method", "model_error", "n_samples", "em_steps",
+                            "predictive_samples", "predcp", "predcp_scale"),
             "": ("seed", "device")}
 #: Row labels (other rows: from the field name).
 LABELS = {"iterations": "DIP iterations", "tv_weight": "TV weight",
           "n_samples": "Samples per EM step", "em_steps": "EM steps",
-          "predcp": "TV-PredCP hyperprior", "predcp_scale": "PredCP scale"}
+          "predcp": "TV-PredCP hyperprior", "predcp_scale": "PredCP scale",
+          "method": "Uncertainty method", "model_error": "Model error"}
 
 
 def _unwrap(obj):
@@ -176,9 +177,9 @@ class CtuqWidget(QWidget):
                                                   layout=rows),
                       "": SettingsForm(ReconstructionConfig, ADVANCED[""], labels=LABELS,
                                        choices={"device": self._devices()}, layout=rows)}
-        scale = self.forms["uncertainty"].widgets["predcp_scale"]
-        self.forms["uncertainty"].widgets["predcp"].changed.connect(
-            lambda on: setattr(scale, "enabled", on))
+        scale, predcp = (self.forms["uncertainty"].widgets[k] for k in ("predcp_scale", "predcp"))
+        predcp.changed.connect(lambda on: setattr(scale, "enabled", on))
+        scale.enabled = bool(predcp.value)
         self.advanced_box.setVisible(False)
         self.advanced_toggle.toggled.connect(self.advanced_box.setVisible)
         layout.addWidget(self.advanced_box)
