@@ -33,8 +33,9 @@ def calibration_curve(truth, mean, std, levels=None) -> tuple[np.ndarray, np.nda
 def result_figure(path, result, title: str | None = None) -> Path:
     """Write a PNG summary of a :class:`~ctuq.data.io.Result` (one slice).
 
-    Panels: truth (if known), FBP, reconstruction, posterior std, |error| (if
-    the truth is known), calibration curve (if known) and the EM trace of the
+    Panels: truth (if known), FBP, reconstruction, the std (total; with a
+    model-error term also its posterior and model-error parts, on one colour
+    scale), |error| (if the truth is known), calibration curve (if known) and the EM trace of the
     per-block prior variances.
     """
     import matplotlib
@@ -53,7 +54,13 @@ def result_figure(path, result, title: str | None = None) -> Path:
     if fbp is not None:
         panels.append(("FBP", fbp, "gray", (lo, hi)))
     panels.append(("reconstruction", rec, "gray", (lo, hi)))
-    panels.append(("posterior std", std, "viridis", (0, float(np.percentile(std, 99.5)))))
+    top = float(np.percentile(std, 99.5))  # one colour scale for the std panels
+    post, model = pick(result.posterior_std), pick(result.model_error_std)
+    has_parts = post is not None and model is not None and float(np.max(model)) > 0
+    panels.append(("std (total)" if has_parts else "posterior std", std, "viridis", (0, top)))
+    if has_parts:
+        panels.append(("posterior std", post, "viridis", (0, top)))
+        panels.append(("model-error std", model, "viridis", (0, top)))
     if truth is not None:
         err = np.abs(rec - truth)
         panels.append(("|error|", err, "magma", (0, float(np.percentile(err, 99.5)))))
@@ -69,7 +76,7 @@ def result_figure(path, result, title: str | None = None) -> Path:
         im = ax.imshow(img, cmap=cmap, vmin=vmin, vmax=vmax if vmax > vmin else None)
         ax.set_title(name)
         ax.axis("off")
-        if name in ("posterior std", "|error|"):
+        if name in ("std (total)", "posterior std", "model-error std", "|error|"):
             fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     k = len(panels)
     if truth is not None:
