@@ -331,7 +331,12 @@ def write_docs(doc: dict, folder: Path) -> None:
              f"planned; conditions {doc.get('conditions') or 'all of the size'}; TV-PredCP "
              f"variants {doc.get('predcp_variants')}. Coverage and log-likelihood (nats per "
              f"pixel, no variance floor) are means over images; 'worst' is the worst image. "
-             f"Split: **{doc['split']}** (docs/data_splits.md).", ""]
+             f"Split: **{doc['split']}** (docs/data_splits.md).", "",
+             "Methods (`_predcp`: the same with the TV-PredCP hyperprior in the EM):", ""]
+    lines += [f"- `{k}`: {v}" for k, v in LABELS.items()] + [
+        "", "The scan is simulated from the case's phantom with its own noise draw; "
+        "every DIP-based method shares one DIP+TV fit; the time per image includes it "
+        "(MC dropout fits its own network).", ""]
     for size, block in doc["summary"].items():
         lines += [f"## {size}² ({block['images']} images)", "",
                   "| method | ±1σ | ±2σ | ±3σ | ±2σ edges | ±2σ off edges | worst ±2σ | "
