@@ -102,8 +102,8 @@ def test_uncertainty_options_translate_every_field():
     from ctuq.recon.config import UncertaintyConfig
 
     unc = UncertaintyConfig(prior="matern", predcp=True, n_samples=5, em_steps=3, em_tol=0.1,
-                            update="em", predcp_scale=2.0, predcp_samples=7, cg_tol=1e-2, cg_max_iter=33,
-                            preconditioner_rank=44)
+                            update="em", predcp_scale=2.0, predcp_samples=7, cg_tol=1e-2,
+                            cg_max_iter=33, preconditioner_rank=44)
     opts = uncertainty_options(unc, learn_noise=True, seed=9)
     em = opts["em"]
     assert (em.n_samples, em.em_steps, em.em_tol, em.update, em.learn_noise, em.seed) == \
