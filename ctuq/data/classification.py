@@ -1,4 +1,4 @@
-"""Image-classification data sets for the classification benchmark (METHOD.md §9).
+"""Image-classification data sets for the classification benchmark (docs/classification.md; the predictive maths in docs/method.md §8.3, §10).
 
 Nothing is downloaded, ever:
 
