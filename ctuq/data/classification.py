@@ -1,4 +1,6 @@
-"""Image-classification data sets for the classification benchmark (docs/classification.md; the predictive maths in docs/method.md §8.3, §10).
+"""Image-classification data sets for the classification benchmark.
+
+The benchmark: docs/classification.md; its predictive maths: docs/method.md §8.3, §10.
 
 Nothing is downloaded, ever:
 
