@@ -447,7 +447,8 @@ def main(argv=None):
     def keep(res):
         done[res["id"]] = res
         append_case(args.partial, res)
-        log.info("finished %s (%d/%d)", res["id"], len(done), len(cases))
+        log.info("finished %s (%d/%d)", res["id"], sum(c["id"] in done for c in cases),
+                 len(cases))
 
     if args.jobs > 1 and len(todo) > 1:
         with cf.ProcessPoolExecutor(args.jobs) as pool:
