@@ -268,7 +268,10 @@ def _summary(rows: list[dict], method: str) -> dict:
     ms = [r["methods"][method] for r in rows if method in r["methods"]]
     if not ms:
         return {}
-    keys = [k for k in ms[0] if k not in ("reliability",) and isinstance(ms[0][k], (int, float))]
+    # a score may be None on some image (an infinite log-likelihood, no edges): the
+    # mean is over the images that have it
+    keys = sorted({k for x in ms for k, v in x.items()
+                   if k != "reliability" and isinstance(v, (int, float))})
     out = {"images": len(ms)}
     for k in keys:
         vals = [x[k] for x in ms if x.get(k) is not None]
