@@ -53,8 +53,8 @@ get their ``calibrated``/``conformal`` scores on the next run.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -66,7 +66,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/: shared helpers
-from bench_evidence import _clean, append_case, read_cases  # noqa: E402
+from bench_evidence import _clean, read_cases, run_resumable  # noqa: E402
 from bench_sampling import _machine  # noqa: E402
 
 log = logging.getLogger("bench_calibration")
@@ -441,26 +441,12 @@ def main(argv=None):
     cases = case_list(args)
     if args.quick:
         cases = [c for c in cases if c["family"] in ("ellipses", "digits")][:2]
-    done = read_cases(args.partial, "id")
     if args.only_done:  # summarise an interrupted run as it stands
+        done = read_cases(args.partial, "id")
         cases = [c for c in cases if c["id"] in done]
-    todo = [c for c in cases if c["id"] not in done]
     t0 = time.perf_counter()
-
-    def keep(res):
-        done[res["id"]] = res
-        append_case(args.partial, res)
-        log.info("finished %s (%d/%d)", res["id"], sum(c["id"] in done for c in cases),
-                 len(cases))
-
-    if args.jobs > 1 and len(todo) > 1:
-        with cf.ProcessPoolExecutor(args.jobs) as pool:
-            for fut in cf.as_completed([pool.submit(_worker, c, args) for c in todo]):
-                keep(fut.result())
-    else:
-        for c in todo:
-            keep(run_case(c, args))
-    results = [done[c["id"]] for c in cases]
+    results = run_resumable(cases, args.partial, functools.partial(run_case, args=args),
+                            args.jobs, functools.partial(_worker, args=args))
     rescore(results, args)
     default = default_method()
     doc = {"split": args.split, "sizes": args.sizes, "per_family": args.per_family,

@@ -230,6 +230,37 @@ def append_case(path, case: dict) -> None:
             f.write(json.dumps(case) + "\n")
 
 
+def run_resumable(cases: list[dict], partial, run_one, jobs: int = 1,
+                  pool_run=None) -> list[dict]:
+    """Every case's result, by ``run_one(case)``, resuming from the JSON lines of ``partial``.
+
+    Cases already in ``partial`` (by ``case["id"]``) are read back, not rerun;
+    each finished case is appended at once, so an interrupted run loses at
+    most the cases in flight. ``jobs > 1``: a process pool runs ``pool_run``
+    (default ``run_one``; picklable, e.g. one that first sets up the worker's
+    logging). Results in the order of ``cases``.
+    """
+    import concurrent.futures as cf
+
+    done = read_cases(partial, "id")
+    todo = [c for c in cases if c["id"] not in done]
+
+    def keep(res):
+        done[res["id"]] = res
+        append_case(partial, res)
+        log.info("finished %s (%d/%d)", res["id"], sum(c["id"] in done for c in cases),
+                 len(cases))
+
+    if jobs > 1 and len(todo) > 1:
+        with cf.ProcessPoolExecutor(jobs) as pool:
+            for fut in cf.as_completed([pool.submit(pool_run or run_one, c) for c in todo]):
+                keep(fut.result())
+    else:
+        for c in todo:
+            keep(run_one(c))
+    return [done[c["id"]] for c in cases]
+
+
 def _clean(o):
     """JSON-safe: non-finite floats → None, tensors/arrays → lists."""
     if isinstance(o, dict):

@@ -54,9 +54,9 @@ read back on a rerun instead of recomputed; ``--scaling-json`` /
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -69,7 +69,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_evidence import _clean, append_case, read_cases  # same folder: scripts/
+from bench_evidence import _clean, run_resumable  # same folder: scripts/
 from bench_sampling import _machine, _median_s, _sync, components
 
 log = logging.getLogger("bench_uq")
@@ -215,23 +215,10 @@ def _worker(case, args):
 
 def run_quality(args) -> dict:
     cases = quality_cases(args)
-    done = read_cases(args.partial, "id")
-    todo = [c for c in cases if c["id"] not in done]
     t0 = time.perf_counter()
-
-    def keep(res):
-        done[res["id"]] = res
-        append_case(args.partial, res)
-        log.info("finished %s (%d/%d)", res["id"], len(done), len(cases))
-
-    if args.jobs > 1 and len(todo) > 1:
-        with cf.ProcessPoolExecutor(args.jobs) as pool:
-            for fut in cf.as_completed([pool.submit(_worker, c, args) for c in todo]):
-                keep(fut.result())
-    else:
-        for c in todo:
-            keep(run_quality_case(c, args))
-    results = [done[c["id"]] for c in cases]
+    results = run_resumable(cases, args.partial,
+                            functools.partial(run_quality_case, args=args), args.jobs,
+                            functools.partial(_worker, args=args))
     return {"cases": results, "summary": summarize_quality(results),
             "wall_time_s": time.perf_counter() - t0}
 
