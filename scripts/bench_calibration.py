@@ -128,17 +128,14 @@ def score(truth, mean, std) -> dict:
     return out
 
 
-def run_case(case: dict, args) -> dict:
+def _scan(case: dict, args):
+    """The case's simulated scan, operator, resolved settings and Adam DIP fit."""
     from ctuq.data.geometry import Geometry
     from ctuq.data.operators import RayTransform
     from ctuq.data.simulate import simulate_sinogram
     from ctuq.data.splits import Case
-    from ctuq.recon import model_error as me
-    from ctuq.recon.baselines import fbp_variance
     from ctuq.recon.config import ReconstructionConfig
     from ctuq.recon.dip import fit_dip
-    from ctuq.recon.mc_dropout import fit_mc_dropout
-    from ctuq.recon.pipeline import posterior_uncertainty
 
     torch.set_num_threads(args.threads)
     c = Case(case["split"], case["family"], case["index"], case["size"])
@@ -150,7 +147,24 @@ def run_case(case: dict, args) -> dict:
                                 dip={"iterations": args.quick_iterations} if args.quick else {},
                                 uncertainty={"em_steps": 2} if args.quick else {})
     dip_cfg, unc = rcfg.resolve((c.size, c.size))
-    preset = rcfg.preset_for((c.size, c.size))
+    dip = fit_dip(y, op, dip_cfg.with_(progress_every=10**6), noise_std=sigma)
+    return dict(c=c, truth=truth, op=op, offset=offset, y=y, sigma=sigma, dip_cfg=dip_cfg,
+                unc=unc, preset=rcfg.preset_for((c.size, c.size)), dip=dip)
+
+
+def run_case(case: dict, args, previous: dict | None = None) -> dict:
+    """Score every method on one case; a ``previous`` result without IVON gets IVON's scores."""
+    from ctuq.recon import model_error as me
+    from ctuq.recon.baselines import fbp_variance
+    from ctuq.recon.mc_dropout import fit_mc_dropout
+    from ctuq.recon.pipeline import posterior_uncertainty
+
+    if previous is not None:
+        return add_ivon(previous, args)
+    s = _scan(case, args)
+    c, truth, op, y, sigma, dip, unc = (s[k] for k in ("c", "truth", "op", "y", "sigma",
+                                                        "dip", "unc"))
+    dip_cfg, preset, offset = s["dip_cfg"], s["preset"], s["offset"]
     out = {**case, "noise_std": sigma, "preset": preset, "methods": {}, "times_s": {},
            "coefficients": {}}
     m, times = out["methods"], out["times_s"]
@@ -160,7 +174,6 @@ def run_case(case: dict, args) -> dict:
     times["fbp"] = time.perf_counter() - t0
     m["fbp"] = score(truth, x_fbp, var_fbp.sqrt())
 
-    dip = fit_dip(y, op, dip_cfg.with_(progress_every=10**6), noise_std=sigma)
     times["dip"] = dip.wall_time
     x_hat = dip.reconstruction.detach().cpu()
     t0 = time.perf_counter()
@@ -202,20 +215,7 @@ def run_case(case: dict, args) -> dict:
         np.savez_compressed(Path(args.arrays) / (case["id"].replace("/", "_") + ".npz"),
                             **arrays)
     if args.ivon:  # IVON from the same Adam fit, alone and with the same held-out term
-        from ctuq.recon.ivon_dip import ivon_uncertainty
-
-        iv = ivon_uncertainty(dip, op, y, sigma, dataclasses.replace(unc, method="ivon"),
-                              seed=c.index)
-        x_iv, var_iv = iv["reconstruction"].detach().double().cpu(), iv["variance"].double()
-        times["ivon"] = sum(iv["timings"].values())
-        m["ivon"] = score(truth, x_iv, var_iv.sqrt())
-        t0 = time.perf_counter()
-        co = me.fit_heldout(op, y, mask, dip_in.reconstruction.detach().cpu(), var_iv,
-                            sigma**2)
-        times["ivon_heldout"] = times["ivon"] + times["heldout_fit"] + (
-            time.perf_counter() - t0)
-        out["coefficients"]["ivon_heldout"] = {"t0": co.t0, "s1": co.s1}
-        m["ivon_heldout"] = score(truth, x_iv, (var_iv + co.variance(x_iv, var_iv)).sqrt())
+        _ivon_scores(out, s, mask, dip_in)
     if not args.no_mc_dropout:
         mc = fit_mc_dropout(y, op, dip_cfg.with_(progress_every=10**6),
                             n_samples=args.mc_samples, noise_std=sigma)
@@ -224,6 +224,50 @@ def run_case(case: dict, args) -> dict:
     for name in m:  # the DIP fit is part of every DIP-based method's time
         if name not in ("fbp", "mc_dropout"):
             times[name] = times.get(name, 0.0) + times["dip"]
+    return _clean(out)
+
+
+def _ivon_scores(out: dict, s: dict, mask, dip_in) -> None:
+    """Add ``ivon`` and ``ivon_heldout`` (scores, times without the DIP fit) to ``out``."""
+    from ctuq.recon import model_error as me
+    from ctuq.recon.ivon_dip import ivon_uncertainty
+
+    m, times = out["methods"], out["times_s"]
+    iv = ivon_uncertainty(s["dip"], s["op"], s["y"], s["sigma"],
+                          dataclasses.replace(s["unc"], method="ivon"), seed=s["c"].index)
+    x_iv, var_iv = iv["reconstruction"].detach().double().cpu(), iv["variance"].double()
+    times["ivon"] = sum(iv["timings"].values())
+    m["ivon"] = score(s["truth"], x_iv, var_iv.sqrt())
+    t0 = time.perf_counter()
+    co = me.fit_heldout(s["op"], s["y"], mask, dip_in.reconstruction.detach().cpu(), var_iv,
+                        s["sigma"] ** 2)
+    times["ivon_heldout"] = times["ivon"] + times["heldout_fit"] + (time.perf_counter() - t0)
+    out["coefficients"]["ivon_heldout"] = {"t0": co.t0, "s1": co.s1}
+    m["ivon_heldout"] = score(s["truth"], x_iv, (var_iv + co.variance(x_iv, var_iv)).sqrt())
+
+
+def add_ivon(row: dict, args) -> dict:
+    """IVON's scores for a case scored without ``--ivon``, from the same fits, refitted.
+
+    The Adam DIP fit and the held-out fit are deterministic (seeded, CPU): they are
+    refitted, not stored. ``ivon_refit_max_abs_diff`` records how far the refitted
+    reconstruction is from the stored one (``--arrays``; ``None`` without it); the
+    times of the original run are kept for the shared stages.
+    """
+    from ctuq.recon import model_error as me
+
+    s = _scan(row, args)
+    out = {**row, "methods": dict(row["methods"]), "times_s": dict(row["times_s"]),
+           "coefficients": dict(row["coefficients"])}
+    npz = Path(args.arrays or "") / (row["id"].replace("/", "_") + ".npz")
+    out["ivon_refit_max_abs_diff"] = float(np.abs(
+        np.load(npz)["x_hat"] - s["dip"].reconstruction.detach().cpu().numpy()).max()) \
+        if args.arrays and npz.exists() else None
+    mask, dip_in = me.heldout_fit(s["y"], s["op"], s["dip"].config,
+                                  every=s["unc"].heldout_every, noise_std=s["sigma"])
+    _ivon_scores(out, s, mask, dip_in)
+    for name in ("ivon", "ivon_heldout"):
+        out["times_s"][name] += out["times_s"]["dip"]
     return _clean(out)
 
 
@@ -256,12 +300,12 @@ def rescore(results: list[dict], args) -> None:
         r["rescored_with"] = str(path)
 
 
-def _worker(case, args):
+def _worker(case, args, previous=None):
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")
     for name in ("ctuq",):
         logging.getLogger(name).setLevel(logging.WARNING)
-    return run_case(case, args)
+    return run_case(case, args, previous)
 
 
 def _summary(rows: list[dict], method: str) -> dict:
@@ -412,7 +456,8 @@ def main(argv=None):
     ap.add_argument("--conditions", default=None,
                     help="a subset of the size's conditions, e.g. 30:0.01,60:0.05")
     ap.add_argument("--ivon", action="store_true",
-                    help="also IVON from the same Adam fit (methods ivon, ivon_heldout)")
+                    help="also IVON from the same Adam fit (methods ivon, ivon_heldout); "
+                         "cases of --partial scored without it get it (fits redone)")
     ap.add_argument("--only-done", action="store_true",
                     help="run nothing: summarise the cases already in --partial")
     ap.add_argument("--predcp", default="both", choices=("both", "off", "on"),
@@ -446,7 +491,8 @@ def main(argv=None):
         cases = [c for c in cases if c["id"] in done]
     t0 = time.perf_counter()
     results = run_resumable(cases, args.partial, functools.partial(run_case, args=args),
-                            args.jobs, functools.partial(_worker, args=args))
+                            args.jobs, functools.partial(_worker, args=args),
+                            complete=(lambda r: "ivon" in r["methods"]) if args.ivon else None)
     rescore(results, args)
     default = default_method()
     doc = {"split": args.split, "sizes": args.sizes, "per_family": args.per_family,

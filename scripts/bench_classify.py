@@ -84,6 +84,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ivon-hess-init", type=float, default=B.BenchConfig.ivon_hess_init)
     ap.add_argument("--ivon-prior-precision", type=float, default=None,
                     help="IVON's prior precision (default: --train-prior-precision)")
+    ap.add_argument("--ivon-temperature", type=float, default=B.BenchConfig.ivon_temperature,
+                    help="T of IVON's tempered likelihood (ess = N/T; default 1)")
     ap.add_argument("--ivon-samples", type=int, default=B.BenchConfig.ivon_samples,
                     help="weight samples of the ivon predictive")
     ap.add_argument("--figures", default=None,
@@ -95,6 +97,7 @@ def main(argv=None) -> int:
                         lla_mode=args.lla_mode, val_fraction=args.val_fraction,
                         ivon_lr=args.ivon_lr, ivon_hess_init=args.ivon_hess_init,
                         ivon_samples=args.ivon_samples,
+                        ivon_temperature=args.ivon_temperature,
                         ivon_prior_precision=args.ivon_prior_precision,
                         sto=replace(C.CLASSIFIER_STO, iterations=args.sto_iterations,
                                     batch_size=args.sto_batch_size))

@@ -43,13 +43,16 @@ def main(argv=None) -> int:
     ap.add_argument("--hess-inits", default="0.1,1")
     ap.add_argument("--prior-precisions", default="10",
                     help="α of the Gaussian weight prior (the MAP's train_prior_precision)")
+    ap.add_argument("--temperatures", default="1",
+                    help="T of the tempered likelihood (ess = N/T)")
     ap.add_argument("--epochs", type=int, default=150)
     ap.add_argument("--samples", type=int, default=64)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     cfg = B.BenchConfig(epochs=args.epochs)
     grid = list(itertools.product(*[[float(v) for v in a.split(",")] for a in
-                                    (args.lrs, args.hess_inits, args.prior_precisions)]))
+                                    (args.lrs, args.hess_inits, args.prior_precisions,
+                                     args.temperatures)]))
     rows = []
     t_all = time.perf_counter()
     for seed in [int(s) for s in args.seeds.split(",")]:
@@ -58,15 +61,16 @@ def main(argv=None) -> int:
         tr, va = B.validation_split(data.y_train, cfg.val_fraction, seed)
         x_tr, y_tr = data.x_train[tr], data.y_train[tr]
         x_va, y_va = data.x_train[va], data.y_train[va]
-        for lr, h0, alpha in grid:
+        for lr, h0, alpha, temp in grid:
             net = build_classifier(cfg.model, data.image_shape, data.num_classes, seed=seed,
                                    hidden=cfg.hidden)
             t0 = time.perf_counter()
-            row = {"seed": seed, "lr": lr, "hess_init": h0, "prior_precision": alpha}
+            row = {"seed": seed, "lr": lr, "hess_init": h0, "prior_precision": alpha,
+                   "temperature": temp}
             try:
                 clf = train_ivon(net, x_tr, y_tr, epochs=cfg.epochs,
                                  batch_size=cfg.batch_size, lr=lr, hess_init=h0,
-                                 prior_precision=alpha, seed=seed)
+                                 prior_precision=alpha, temperature=temp, seed=seed)
             except InputError as err:          # the loss diverged
                 row.update(val_nll=float("inf"), error=str(err),
                            seconds=time.perf_counter() - t0)
@@ -82,11 +86,12 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     summary = {}
-    for lr, h0, alpha in grid:
+    for lr, h0, alpha, temp in grid:
         v = [r["val_nll"] for r in rows
-             if (r["lr"], r["hess_init"], r["prior_precision"]) == (lr, h0, alpha)]
-        summary[f"lr={lr:g},hess_init={h0:g},prior_precision={alpha:g}"] = {
-            "lr": lr, "hess_init": h0, "prior_precision": alpha,
+             if (r["lr"], r["hess_init"], r["prior_precision"], r["temperature"])
+             == (lr, h0, alpha, temp)]
+        summary[f"lr={lr:g},hess_init={h0:g},prior_precision={alpha:g},temperature={temp:g}"] = {
+            "lr": lr, "hess_init": h0, "prior_precision": alpha, "temperature": temp,
             "val_nll_mean": float(np.mean(v)), "val_nll": v}
     best = min(summary.values(), key=lambda r: r["val_nll_mean"])
     json.dump({"split": "validation (the held-out tenth of each seed's training set)",

@@ -230,34 +230,47 @@ def append_case(path, case: dict) -> None:
             f.write(json.dumps(case) + "\n")
 
 
+def _call_case(fn, case, previous):
+    """``fn(case)``, or ``fn(case, previous=row)`` to complete a read-back row (picklable)."""
+    return fn(case) if previous is None else fn(case, previous=previous)
+
+
 def run_resumable(cases: list[dict], partial, run_one, jobs: int = 1,
-                  pool_run=None) -> list[dict]:
+                  pool_run=None, complete=None) -> list[dict]:
     """Every case's result, by ``run_one(case)``, resuming from the JSON lines of ``partial``.
 
     Cases already in ``partial`` (by ``case["id"]``) are read back, not rerun;
     each finished case is appended at once, so an interrupted run loses at
-    most the cases in flight. ``jobs > 1``: a process pool runs ``pool_run``
+    most the cases in flight. A read-back row for which ``complete(row)`` is
+    false (default: none) is passed on as ``run_one(case, previous=row)`` to
+    be completed; the completed row is appended and, being the last, wins on
+    the next read-back. ``jobs > 1``: a process pool runs ``pool_run``
     (default ``run_one``; picklable, e.g. one that first sets up the worker's
     logging). Results in the order of ``cases``.
     """
     import concurrent.futures as cf
 
     done = read_cases(partial, "id")
-    todo = [c for c in cases if c["id"] not in done]
+    todo = [(c, None) for c in cases if c["id"] not in done]
+    if complete is not None:
+        todo += [(c, done[c["id"]]) for c in cases
+                 if c["id"] in done and not complete(done[c["id"]])]
 
     def keep(res):
         done[res["id"]] = res
         append_case(partial, res)
-        log.info("finished %s (%d/%d)", res["id"], sum(c["id"] in done for c in cases),
+        log.info("finished %s (%d/%d)", res["id"], len(cases) - len(todo) + next(count),
                  len(cases))
 
+    count = iter(range(1, len(todo) + 1))
     if jobs > 1 and len(todo) > 1:
         with cf.ProcessPoolExecutor(jobs) as pool:
-            for fut in cf.as_completed([pool.submit(pool_run or run_one, c) for c in todo]):
+            futures = [pool.submit(_call_case, pool_run or run_one, c, prev) for c, prev in todo]
+            for fut in cf.as_completed(futures):
                 keep(fut.result())
     else:
-        for c in todo:
-            keep(run_one(c))
+        for c, prev in todo:
+            keep(_call_case(run_one, c, prev))
     return [done[c["id"]] for c in cases]
 
 

@@ -211,6 +211,10 @@ class BenchConfig:
         (MAP's). Default None.
     ivon_samples : int
         Weight samples of the IVON Monte-Carlo predictive. Default 64.
+    ivon_temperature : float
+        ``T`` of IVON's tempered likelihood (``ess = N/T``; the prior untempered).
+        Default 1 (the Bayesian posterior); a value below 1 is chosen on
+        validation data by ``scripts/bench_classify_ivon_val.py``.
     """
 
     model: str = "mlp"
@@ -239,6 +243,7 @@ class BenchConfig:
     ivon_beta2: float = IVON_DEFAULTS["beta2"]
     ivon_prior_precision: float | None = None
     ivon_samples: int = DEFAULT_PREDICTIVE_SAMPLES
+    ivon_temperature: float = IVON_DEFAULTS["temperature"]
 
     def __post_init__(self):
         if not 0.0 <= float(self.val_fraction) < 1.0:
@@ -260,7 +265,7 @@ class BenchConfig:
                      "mc_dropout_samples", "exact_mc_samples", "ivon_samples"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"must be >= 1, got {getattr(self, name)!r}", field=name)
-        for name in ("ivon_lr", "ivon_hess_init"):
+        for name in ("ivon_lr", "ivon_hess_init", "ivon_temperature"):
             if not 0.0 < float(getattr(self, name)) < float("inf"):
                 raise InputError(f"must be a finite number > 0, got {getattr(self, name)!r}",
                                  field=name)
@@ -410,7 +415,8 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
             build_classifier(cfg.model, data.image_shape, data.num_classes, seed=seed, **kw),
             data.x_train, data.y_train, epochs=cfg.epochs, batch_size=cfg.batch_size,
             lr=cfg.ivon_lr, hess_init=cfg.ivon_hess_init, beta2=cfg.ivon_beta2,
-            prior_precision=ivon_alpha, seed=seed, progress=progress, cancel=cancel)
+            prior_precision=ivon_alpha, temperature=cfg.ivon_temperature, seed=seed,
+            progress=progress, cancel=cancel)
         var = ivon_clf.posterior.variance
         ivon_extra = {"settings": ivon_clf.settings.to_dict(), "train_seconds": ivon_clf.seconds,
                       "final_loss": ivon_clf.loss[-1], "variance_median": float(var.median()),
