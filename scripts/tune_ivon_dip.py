@@ -111,6 +111,25 @@ def validation_image(family: str, index: int, size: int) -> np.ndarray | None:
     raise SystemExit(f"unknown family {family!r}")
 
 
+def split_cases(size: int, per_family: int, families, noise: float) -> list[dict]:
+    """Validation cases of the project-wide split (:mod:`ctuq.data.splits`, seeds 10,000+).
+
+    Indices start at 50, apart from the images with which the calibration benchmark's
+    validation runs chose the reconstruction defaults (docs/defaults.md).
+    """
+    from ctuq.data.splits import Case
+
+    out = []
+    for fam in families:
+        for i in range(50, 50 + per_family):
+            c = Case("validation", fam, i, size)
+            out.append({"id": f"validation/{fam}/{i}/{size}/{noise:g}", "family": fam,
+                        "index": i, "phantom_seed": c.phantom_seed, "size": size,
+                        "n_angles": ANGLES.get(size, 60), "noise": noise,
+                        "noise_seed": c.noise_seed(0), "image": c.image()})
+    return out
+
+
 def cases(size: int, per_family: int, families, noise: float) -> tuple[list[dict], list[str]]:
     out, skipped = [], []
     for fam in families:
@@ -255,6 +274,9 @@ def main(argv=None) -> int:
     ap.add_argument("--per-family", type=int, default=2, help="validation images per family")
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     ap.add_argument("--noise", type=float, default=0.05, help="relative noise level")
+    ap.add_argument("--split", default="legacy", choices=("legacy", "validation"),
+                    help="legacy: seeds 1000-1099 (the first pass, tuning range of the "
+                         "project split); validation: the project split's validation set")
     ap.add_argument("--grid", default="main", help="named grid: main, quick")
     ap.add_argument("--configs", default=None,
                     help="JSON file with a list of settings dicts (replaces --grid)")
@@ -279,7 +301,9 @@ def main(argv=None) -> int:
             for line in fh:
                 r = json.loads(line)
                 done[(r["case"], r["config"])] = r
-    case_list, skipped = cases(args.size, args.per_family, args.families, args.noise)
+    case_list, skipped = (split_cases(args.size, args.per_family, args.families, args.noise),
+                          []) if args.split == "validation" else \
+        cases(args.size, args.per_family, args.families, args.noise)
     t0 = time.perf_counter()
     rows = []
     for case in case_list:
