@@ -458,6 +458,10 @@ def main(argv=None):
     ap.add_argument("--ivon", action="store_true",
                     help="also IVON from the same Adam fit (methods ivon, ivon_heldout); "
                          "cases of --partial scored without it get it (fits redone)")
+    ap.add_argument("--limit", type=int, default=None,
+                    help="run at most this many cases now, in the list's order (every "
+                         "family and condition before a second image); the rest stay "
+                         "planned and are summarised where done")
     ap.add_argument("--only-done", action="store_true",
                     help="run nothing: summarise the cases already in --partial")
     ap.add_argument("--predcp", default="both", choices=("both", "off", "on"),
@@ -489,6 +493,9 @@ def main(argv=None):
     if args.only_done:  # summarise an interrupted run as it stands
         done = read_cases(args.partial, "id")
         cases = [c for c in cases if c["id"] in done]
+    if args.limit is not None:  # in the list's order, sizes as given
+        order = {s: k for k, s in enumerate(args.sizes)}
+        cases = sorted(cases, key=lambda c: order[c["size"]])[:args.limit]
     t0 = time.perf_counter()
     results = run_resumable(cases, args.partial, functools.partial(run_case, args=args),
                             args.jobs, functools.partial(_worker, args=args),

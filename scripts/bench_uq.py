@@ -107,7 +107,13 @@ def score(truth, mean, std, samples=None) -> dict:
     """Every metric of one method; diagonal methods (no samples) get patch LL = pixel LL."""
     from ctuq.recon import predictive
 
-    s = predictive.summary(truth, mean, std, samples, patch_sizes=PATCH_SIZES)
+    # no variance floor; a method with an exactly zero std somewhere (MC dropout's
+    # saturated pixels) is scored as it is: log N with variance 1e-300 there, -inf
+    # (JSON null) where its error is not zero, and the count of such pixels reported
+    zero = int((torch.as_tensor(std) == 0).sum())
+    s = predictive.summary(truth, mean, std, samples, patch_sizes=PATCH_SIZES,
+                           floor=1e-300 if zero else 0.0)
+    s["zero_std_pixels"] = zero
     if samples is None:
         s["patch_log_likelihood"] = {str(k): s["pixel_log_likelihood"] for k in PATCH_SIZES}
         s["patch_diagonal"] = True
@@ -459,7 +465,8 @@ def markdown(doc: dict) -> str:
                   "sampler, preset defaults) without and with TV-PredCP (the default), on the "
                   "same DIP fit. The noise std is known to every method.", "",
                   "Per-pixel test log-likelihood (LL, nats/pixel, of the truth under "
-                  "N(mean, std² + 10⁻⁶)), ±1/2/3σ coverage (nominal 68.3 / 95.4 / 99.7 %), "
+                  "N(mean, std²), no variance floor; – where a method has zero std on a "
+                  "pixel it gets wrong), ±1/2/3σ coverage (nominal 68.3 / 95.4 / 99.7 %), "
                   "Spearman correlation of std with |error|, patch LL for 2×2 and 10×10 patches "
                   "(off-diagonals halved; diagonal methods: = pixel LL), PSNR, mean over cases; "
                   "wall time per case includes the DIP fit where the method needs it.", ""]
@@ -471,8 +478,8 @@ def markdown(doc: dict) -> str:
             for meth, r in s["methods"].items():
                 c, p = r["coverage"], r["patch_log_likelihood"]
                 lines.append(
-                    f"| {LABELS[meth]} | {r['psnr']:.2f} | {r['pixel_log_likelihood']:.3f} "
-                    f"± {r['pixel_log_likelihood_std']:.3f} | {p['2']:.3f} | {p['10']:.3f} | "
+                    f"| {LABELS[meth]} | {r['psnr']:.2f} | {_f(r['pixel_log_likelihood'])} "
+                    f"± {_f(r['pixel_log_likelihood_std'])} | {_f(p['2'])} | {_f(p['10'])} | "
                     f"{100 * c['1']:.1f} | {100 * c['2']:.1f} | {100 * c['3']:.1f} | "
                     f"{_f(r['spearman_std_abs_error'])} | {_f(r['time_s'], '{:.0f}')} |")
             if "targets" in s:
