@@ -342,6 +342,10 @@ def summarize(results: list[dict], default: str) -> dict:
         block["families"] = {fam: {k: _summary([r for r in rows if r["family"] == fam], k)
                                    for k in methods}
                              for fam in sorted({r["family"] for r in rows})}
+        with_ivon = [r for r in rows if "ivon" in r["methods"]]
+        if with_ivon and len(with_ivon) < len(rows):  # a like-for-like comparison
+            block["ivon_images"] = {"images": len(with_ivon),
+                                    "methods": {k: _summary(with_ivon, k) for k in methods}}
         d = block["methods"].get(default, {})
         if d:
             fbp = block["methods"]["fbp"]
@@ -384,23 +388,30 @@ def write_docs(doc: dict, folder: Path) -> None:
         "", "The scan is simulated from the case's phantom with its own noise draw; "
         "every DIP-based method shares one DIP+TV fit; the time per image includes it "
         "(MC dropout fits its own network).", ""]
-    for size, block in doc["summary"].items():
-        lines += [f"## {size}² ({block['images']} images)", "",
-                  "| method | ±1σ | ±2σ | ±3σ | ±2σ edges | ±2σ off edges | worst ±2σ | "
-                  "LL | worst LL | Spearman | PSNR | s / image |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for name, s in block["methods"].items():
+    def method_table(methods: dict) -> list[str]:
+        out = ["| method | images | ±1σ | ±2σ | ±3σ | ±2σ edges | ±2σ off edges | worst ±2σ "
+               "| LL | worst LL | Spearman | PSNR | s / image |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        pct = lambda v: "–" if v is None else f"{100 * v:.1f}"  # noqa: E731
+        num = lambda v, f=".2f": "–" if v is None else format(v, f)  # noqa: E731
+        for name, s in methods.items():
             if not s:
                 continue
-            pct = lambda v: "–" if v is None else f"{100 * v:.1f}"  # noqa: E731
-            num = lambda v, f=".2f": "–" if v is None else format(v, f)  # noqa: E731
             label = f"**{name}** (default)" if name == doc["default"] else name
-            lines.append(f"| {label} | {pct(s['coverage_1'])} | {pct(s['coverage_2'])} | "
-                         f"{pct(s['coverage_3'])} | {pct(s['coverage_2_edges'])} | "
-                         f"{pct(s['coverage_2_off_edges'])} | {pct(s['worst_coverage_2'])} | "
-                         f"{num(s['pixel_log_likelihood'])} | "
-                         f"{num(s['worst_pixel_log_likelihood'])} | {num(s['spearman'])} | "
-                         f"{num(s['psnr'])} | {num(s['time_s'], '.0f')} |")
+            out.append(f"| {label} | {s.get('images')} | {pct(s.get('coverage_1'))} | "
+                       f"{pct(s.get('coverage_2'))} | {pct(s.get('coverage_3'))} | "
+                       f"{pct(s.get('coverage_2_edges'))} | {pct(s.get('coverage_2_off_edges'))} | "
+                       f"{pct(s.get('worst_coverage_2'))} | {num(s.get('pixel_log_likelihood'))} | "
+                       f"{num(s.get('worst_pixel_log_likelihood'))} | {num(s.get('spearman'))} | "
+                       f"{num(s.get('psnr'))} | {num(s.get('time_s'), '.0f')} |")
+        return out
+
+    for size, block in doc["summary"].items():
+        lines += [f"## {size}² ({block['images']} images)", ""] + method_table(block["methods"])
+        if "ivon_images" in block:
+            lines += ["", f"The {block['ivon_images']['images']} images of {size}² that have "
+                      "the IVON methods, every method on them (a like-for-like comparison):",
+                      ""] + method_table(block["ivon_images"]["methods"])
         lines += ["", f"Default method per condition, {size}²:", "",
                   "| condition | images | ±2σ | worst ±2σ | ±2σ edges | LL | Spearman | PSNR |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -499,7 +510,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     results = run_resumable(cases, args.partial, functools.partial(run_case, args=args),
                             args.jobs, functools.partial(_worker, args=args),
-                            complete=(lambda r: "ivon" in r["methods"]) if args.ivon else None)
+                            complete=(lambda r: "ivon" in r["methods"])
+                            if args.ivon and not args.only_done else None)
     rescore(results, args)
     default = default_method()
     doc = {"split": args.split, "sizes": args.sizes, "per_family": args.per_family,

@@ -314,7 +314,10 @@ def main(argv=None) -> int:
         "split": {"phantom_seeds": [VALIDATION_SEED0, VALIDATION_SEED0 + 99],
                   "digit_indices_seed0_order": [VALIDATION_SEED0, VALIDATION_SEED0 + 99],
                   "noise_seeds": [VALIDATION_NOISE0, VALIDATION_NOISE0 + 999],
-                  "role": "validation"},
+                  "role": "validation (first pass; the project split counts it as tuning)"}
+        if args.split == "legacy" else
+        {"source": "ctuq.data.splits, validation split, indices 50+ (seeds per case below)",
+         "role": "validation"},
         "cases": [{k: v for k, v in c.items() if k != "image"} for c in case_list],
         "skipped_families": skipped,
         "ll_floor": LL_FLOOR,
