@@ -80,12 +80,14 @@ def main(argv=None) -> int:
                     help="mini-batch of the STO sampler (default: full batch)")
     ap.add_argument("--sto-iterations", type=int, default=300,
                     help="most STO steps (full batch stops earlier at its tolerance)")
-    ap.add_argument("--ivon-lr", type=float, default=B.BenchConfig.ivon_lr)
-    ap.add_argument("--ivon-hess-init", type=float, default=B.BenchConfig.ivon_hess_init)
+    ap.add_argument("--ivon-lr", type=float, default=None,
+                    help="default: the data set's validated setting (ctuq.classify.ivon."
+                         "settings_for)")
+    ap.add_argument("--ivon-hess-init", type=float, default=None, help="as --ivon-lr")
     ap.add_argument("--ivon-prior-precision", type=float, default=None,
                     help="IVON's prior precision (default: --train-prior-precision)")
-    ap.add_argument("--ivon-temperature", type=float, default=B.BenchConfig.ivon_temperature,
-                    help="T of IVON's tempered likelihood (ess = N/T; default 1)")
+    ap.add_argument("--ivon-temperature", type=float, default=None,
+                    help="T of IVON's tempered likelihood (ess = N/T); as --ivon-lr")
     ap.add_argument("--ivon-samples", type=int, default=B.BenchConfig.ivon_samples,
                     help="weight samples of the ivon predictive")
     ap.add_argument("--figures", default=None,

@@ -182,3 +182,26 @@ def test_benchmark_ivon_needs_a_prior():
     with pytest.raises(InputError) as err:
         run_benchmark(data, ("map", "ivon"), _tiny_bench_config(train_prior_precision=0.0))
     assert err.value.field == "train_prior_precision"
+
+
+def test_ivon_settings_follow_the_data_set_unless_given():
+    """None in BenchConfig: the data set's validated setting (Fashion-MNIST: T = 0.1, lr 0.03);
+    a given value wins; unknown data sets get the digits defaults."""
+    from dataclasses import replace
+
+    from ctuq.classify.bench import run_benchmark, validation_split
+    from ctuq.classify.ivon import DEFAULTS, settings_for
+    from ctuq.data.classification import load_classification
+
+    assert settings_for("digits") == {k: DEFAULTS[k] for k in ("lr", "hess_init", "temperature")}
+    assert settings_for("FMNIST") == {"lr": 0.03, "hess_init": 0.03, "temperature": 0.1}
+    assert settings_for("fmnist", lr=0.5, temperature=None)["lr"] == 0.5
+    data = load_classification("digits", seed=1, n_train=160, n_test=50)
+    tr, _ = validation_split(data.y_train, 0.1, 1)
+    as_fmnist = replace(data, name="fmnist")      # the digits, under the other name
+    ex = run_benchmark(as_fmnist, ("ivon",), _tiny_bench_config(), seed=1).methods["ivon"].extra
+    assert ex["settings"]["ess"] == pytest.approx(tr.numel() / 0.1)
+    assert ex["settings"]["lr"] == pytest.approx(0.03)
+    ex = run_benchmark(as_fmnist, ("ivon",), _tiny_bench_config(ivon_temperature=1.0, ivon_lr=1.0),
+                       seed=1).methods["ivon"].extra
+    assert ex["settings"]["ess"] == tr.numel() and ex["settings"]["lr"] == pytest.approx(1.0)

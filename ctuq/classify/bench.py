@@ -84,6 +84,7 @@ from ctuq import classify as C
 from ctuq.classify import metrics as M
 from ctuq.classify.ivon import DEFAULT_PREDICTIVE_SAMPLES, train_ivon
 from ctuq.classify.ivon import DEFAULTS as IVON_DEFAULTS
+from ctuq.classify.ivon import settings_for as ivon_settings_for
 from ctuq.classify.report import (BenchResult, MethodResult, aggregate, benchmark_document,
                                   environment, pooled_reliability, rotation_rows)
 from ctuq.progress import check_cancel, emit_progress
@@ -202,19 +203,24 @@ class BenchConfig:
         Share of the training set held out (seeded, stratified) for the ``-val``
         methods and ``map-temp``, before MAP training, for all methods. 0: no
         split (those methods are then an error). Default 0.1.
-    ivon_lr, ivon_hess_init, ivon_beta2 : float
+    ivon_lr, ivon_hess_init : float or None
         IVON training (:func:`ctuq.classify.ivon.train_ivon`; ``epochs``,
-        ``batch_size`` and ``train_prior_precision`` as MAP's). Defaults: those
-        of :data:`ctuq.classify.ivon.DEFAULTS` (2, 10, 0.999; docs/ivon.md).
+        ``batch_size`` and ``train_prior_precision`` as MAP's). Default None:
+        the data set's validated setting
+        (:func:`ctuq.classify.ivon.settings_for`: 2 and 10 on digits, 0.03 and
+        0.03 on Fashion-MNIST; docs/ivon.md).
+    ivon_beta2 : float
+        Default 0.999.
     ivon_prior_precision : float or None
         ``α`` of IVON's Gaussian weight prior; None: ``train_prior_precision``
         (MAP's). Default None.
     ivon_samples : int
         Weight samples of the IVON Monte-Carlo predictive. Default 64.
-    ivon_temperature : float
+    ivon_temperature : float or None
         ``T`` of IVON's tempered likelihood (``ess = N/T``; the prior untempered).
-        Default 1 (the Bayesian posterior); a value below 1 is chosen on
-        validation data by ``scripts/bench_classify_ivon_val.py``.
+        Default None: the data set's validated setting (1, the Bayesian
+        posterior, on digits; 0.1 on Fashion-MNIST, chosen by
+        ``scripts/bench_classify_ivon_val.py``).
     """
 
     model: str = "mlp"
@@ -238,12 +244,12 @@ class BenchConfig:
     ece_bins: int = 15
     angles: tuple = tuple(float(a) for a in DEFAULT_ANGLES)
     val_fraction: float = 0.1
-    ivon_lr: float = IVON_DEFAULTS["lr"]
-    ivon_hess_init: float = IVON_DEFAULTS["hess_init"]
+    ivon_lr: float | None = None
+    ivon_hess_init: float | None = None
     ivon_beta2: float = IVON_DEFAULTS["beta2"]
     ivon_prior_precision: float | None = None
     ivon_samples: int = DEFAULT_PREDICTIVE_SAMPLES
-    ivon_temperature: float = IVON_DEFAULTS["temperature"]
+    ivon_temperature: float | None = None
 
     def __post_init__(self):
         if not 0.0 <= float(self.val_fraction) < 1.0:
@@ -266,7 +272,8 @@ class BenchConfig:
             if int(getattr(self, name)) < 1:
                 raise InputError(f"must be >= 1, got {getattr(self, name)!r}", field=name)
         for name in ("ivon_lr", "ivon_hess_init", "ivon_temperature"):
-            if not 0.0 < float(getattr(self, name)) < float("inf"):
+            if getattr(self, name) is not None and \
+                    not 0.0 < float(getattr(self, name)) < float("inf"):
                 raise InputError(f"must be a finite number > 0, got {getattr(self, name)!r}",
                                  field=name)
         if self.ivon_prior_precision is not None and \
@@ -414,9 +421,10 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
         ivon_clf = train_ivon(
             build_classifier(cfg.model, data.image_shape, data.num_classes, seed=seed, **kw),
             data.x_train, data.y_train, epochs=cfg.epochs, batch_size=cfg.batch_size,
-            lr=cfg.ivon_lr, hess_init=cfg.ivon_hess_init, beta2=cfg.ivon_beta2,
-            prior_precision=ivon_alpha, temperature=cfg.ivon_temperature, seed=seed,
-            progress=progress, cancel=cancel)
+            beta2=cfg.ivon_beta2, prior_precision=ivon_alpha, seed=seed, progress=progress,
+            cancel=cancel, **ivon_settings_for(data.name, lr=cfg.ivon_lr,
+                                               hess_init=cfg.ivon_hess_init,
+                                               temperature=cfg.ivon_temperature))
         var = ivon_clf.posterior.variance
         ivon_extra = {"settings": ivon_clf.settings.to_dict(), "train_seconds": ivon_clf.seconds,
                       "final_loss": ivon_clf.loss[-1], "variance_median": float(var.median()),
