@@ -72,6 +72,38 @@ def angle_order(geometry: Geometry) -> np.ndarray | None:
     return None if np.array_equal(order, np.arange(order.size)) else order
 
 
+def equispaced_angles(geometry: Geometry) -> float | None:
+    """The step of the geometry's sorted angles if they are equispaced (or one angle), else None."""
+    angles = np.sort(geometry.angles)
+    if angles.size == 1:
+        return 1.0
+    steps = np.diff(angles)
+    return float(steps[0]) if np.allclose(steps, steps[0], rtol=1e-9, atol=1e-12) else None
+
+
+def angular_cells(geometry: Geometry) -> np.ndarray:
+    """The angular cell of each projection, in the order of the sorted angles (radians).
+
+    Each angle owns half the gap to each neighbour. Where the angles cover
+    the period of the geometry (π for parallel beam, 2π for a parallel scan
+    over more than π and for fan beam) the first and last angle are
+    neighbours across the wrap-around; otherwise (a limited-angle scan) an
+    end angle owns its one inner gap. Equispaced angles get equal cells.
+    """
+    angles = np.sort(geometry.angles)
+    if angles.size == 1:
+        return np.ones(1)
+    gaps = np.diff(angles)
+    span = angles[-1] - angles[0]
+    period = np.pi if geometry.beam == "parallel" and span < np.pi * (1 + 1e-6) else 2 * np.pi
+    wrap = angles[0] + period - angles[-1]
+    if wrap <= 2 * gaps.max() * (1 + 1e-9):
+        before, after = np.r_[wrap, gaps], np.r_[gaps, wrap]
+    else:
+        before, after = np.r_[gaps[0], gaps], np.r_[gaps, gaps[-1]]
+    return 0.5 * (before + after)
+
+
 def to_odl_image(image: np.ndarray) -> np.ndarray:
     """``[..., row, column]`` (ctuq/ASTRA) -> ``[..., x, y]`` (ODL's axes)."""
     return np.rot90(image, -1, axes=(-2, -1))
@@ -98,9 +130,8 @@ def odl_space_and_geometry(geometry: Geometry):
     space = odl.uniform_discr([cx - n1 * p / 2, cy - n0 * p / 2],
                               [cx + n1 * p / 2, cy + n0 * p / 2], (n1, n0), dtype="float32")
     angles = np.sort(geometry.angles)
-    steps = np.diff(angles)
-    if angles.size > 1 and np.allclose(steps, steps[0], rtol=1e-9, atol=1e-12):
-        step = steps[0]
+    step = equispaced_angles(geometry)
+    if angles.size > 1 and step is not None:
         apart = odl.uniform_partition(angles[0] - step / 2, angles[-1] + step / 2, angles.size)
     elif angles.size == 1:
         apart = odl.uniform_partition(angles[0] - 0.5, angles[0] + 0.5, 1)
@@ -495,12 +526,48 @@ class RayTransform(torch.nn.Module):
         from odl.applications import tomo
 
         y = self._check(y, self.range_shape, "sinogram")
+        if equispaced_angles(self.geometry) is None:
+            return self._fbp_nonuniform(y, filter_type, frequency_scaling)
         ray, _ = self._odl_ops()
         fbp = tomo.fbp_op(ray, filter_type=filter_type, frequency_scaling=frequency_scaling)
         flat = y.detach().reshape(-1, *self.range_shape).cpu().numpy()
         out = np.stack([from_odl_image(fbp(np.ascontiguousarray(self._rows_to_odl(s))).asarray())
                         for s in flat]).astype(np.float32)
         return torch.from_numpy(out).to(y.device).reshape(*y.shape[:-2], *self.domain_shape)
+
+    def _fbp_nonuniform(self, y: torch.Tensor, filter_type: str,
+                        frequency_scaling: float) -> torch.Tensor:
+        """FBP for angles that are not equispaced (golden-angle, irregular, missing views).
+
+        ODL's FBP filter needs a uniform angle partition (it returns NaN
+        otherwise). The filter depends on the detector sampling only, so the
+        filter of an equispaced stand-in geometry (same detector, same number
+        of angles, same total angular cell) is applied, each projection is
+        weighted by its own angular cell (:func:`angular_cells`) over the
+        stand-in's, and the result is back-projected along the true angles.
+        For equispaced angles this is ODL's FBP to rounding (tested).
+        """
+        import dataclasses
+
+        from odl.applications import tomo
+
+        g = self.geometry
+        cells = angular_cells(g)                      # sorted order
+        n = g.n_angles
+        step = float(cells.sum()) / n
+        stand_in = dataclasses.replace(g, angles=np.sort(g.angles)[0] + step * np.arange(n))
+        space, odl_geom = odl_space_and_geometry(stand_in)
+        ray = tomo.RayTransform(space, odl_geom, impl="astra_cpu")
+        filt = tomo.fbp_filter_op(ray, filter_type=filter_type,
+                                  frequency_scaling=frequency_scaling)
+        # ODL's adjoint is the transpose times the ratio of the cell-volume weightings
+        const = float(ray.range.weighting.const) / float(space.weighting.const)
+        flat = y.detach().reshape(-1, *self.range_shape).cpu().numpy()
+        rows = np.stack([filt(np.ascontiguousarray(self._rows_to_odl(s))).asarray()
+                         for s in flat]) * (cells / step)[:, None]
+        rows = self._rows_from_odl(rows).astype(np.float32)
+        out = self.A_adjoint(torch.from_numpy(rows).to(self._device)) * const
+        return out.to(y.device).reshape(*y.shape[:-2], *self.domain_shape)
 
     def A_dagger(self, y: torch.Tensor) -> torch.Tensor:
         """Pseudo-inverse used as a quick reconstruction: the FBP (Hann)."""
