@@ -368,6 +368,13 @@ def default_method() -> str:
     return base + ("_predcp" if unc.predcp else "")
 
 
+def _repo_relative(path: str) -> str:
+    """``path`` relative to the repository when it lies inside it (portable documents)."""
+    repo = Path(__file__).resolve().parents[1]
+    p = Path(path).resolve()
+    return str(p.relative_to(repo)) if p.is_relative_to(repo) else str(path)
+
+
 def write_docs(doc: dict, folder: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -517,7 +524,8 @@ def main(argv=None):
     doc = {"split": args.split, "sizes": args.sizes, "per_family": args.per_family,
            "cases_run": len(results), "cases_planned": len(case_list(args)),
            "conditions": args.conditions, "predcp_variants": list(args.predcp_variants),
-           "default": default, "calibration": args.calibration, "jobs": args.jobs,
+           "default": default, "calibration": _repo_relative(args.calibration),
+           "jobs": args.jobs,
            "threads": args.threads, "machine": _machine(torch.device("cpu")),
            "date": time.strftime("%Y-%m-%d"), "wall_time_s": time.perf_counter() - t0,
            "summary": summarize(results, default), "cases": results}
