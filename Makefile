@@ -29,15 +29,17 @@ $(STAMP): pyproject.toml constraints.txt requirements-laplace.txt
 
 install: $(STAMP) data-deps
 
-# $(call apt-install,packages,what they are for): installs the missing ones as root,
-# otherwise names them and the command.
+# $(call apt-install,packages,what they are for): installs the missing ones as root
+# (waiting up to 10 min for a dpkg lock another apt holds), otherwise names them
+# and the command.
 define apt-install
 	@missing=""; for p in $(1); do \
 		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			echo "installing:$$missing"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+			apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get -o DPkg::Lock::Timeout=600 install -y -qq $$missing >/dev/null; \
 		else \
 			echo "warning: missing Debian packages for $(2); as root: apt-get install$$missing"; \
 		fi; \

@@ -49,7 +49,9 @@ UNCERTAINTY_DEFAULTS: dict[str, dict] = {
     "dip-256": dict(n_samples=4, predictive_samples=32, predcp_samples=16, em_steps=4,
                     preconditioner_rank=400),
     # the sampling paper: few samples suffice for large models (γ̂'s relative error
-    # is √(2/(kγ)), γ in the thousands here)
+    # is √(2/(kγ)), γ in the thousands here). Rank 200, not 400: on 2 CPU cores a
+    # Jacobian pair takes ≈ 4 s at 512², so the rank-400 sketch alone (820 pairs)
+    # took longer than the whole DIP fit (docs/scaling.md §2)
     "dip-512": dict(n_samples=2, predictive_samples=16, predcp_samples=8, em_steps=3,
-                    preconditioner_rank=400),
+                    preconditioner_rank=200),
 }
