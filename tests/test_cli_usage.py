@@ -207,6 +207,27 @@ def test_progress_has_a_clock_per_stage():
     assert bars.progress.tasks[bars.stage].fields["stage_start"] > t_dip    # its own clock
 
 
+def test_progress_goes_to_a_log_file_as_plain_lines():
+    """Redirected stderr gets a line per stage start/end and at most one per interval."""
+    import io
+
+    from rich.console import Console
+
+    from ctuq.app._cli_output import BatchBars
+
+    log = io.StringIO()
+    bars = BatchBars(1, console=Console(file=log, markup=False, width=200), log_every=3600)
+    with bars:
+        for i in range(1, 101):
+            bars.on_stage("a.h5", "dip", i, 100, f"loss {1 / i:.3g}")
+        bars.on_stage("a.h5", "em", 1, 3, "step 1")
+    lines = [ln for ln in log.getvalue().splitlines() if ln.strip()]
+    assert len(lines) == 3, lines  # dip begins, dip ends, em begins: not 101 lines
+    assert "a.h5: dip 1/100" in lines[0] and "loss 1" in lines[0]
+    assert "a.h5: dip 100/100" in lines[1] and "a.h5: em 1/3" in lines[2]
+    assert all("\x1b" not in ln for ln in lines)  # no terminal codes in a file
+
+
 def test_dip_reports_progress_every_iteration():
     """The DIP bar moves on every iteration (it moved every 50: issue 22)."""
     from ctuq.data.geometry import Geometry

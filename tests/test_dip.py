@@ -106,6 +106,22 @@ def test_progress_with_keyword_callback(problem):
     assert seen == [("dip", 10, 25), ("dip", 20, 25), ("dip", 25, 25)]
 
 
+def test_monitor_sees_the_lowest_loss_iterate_so_far(problem):
+    op, x, y = problem
+    seen = []
+    res = fit_dip(y, op, tiny_config(iterations=25, progress_every=10, lr=0.2,
+                                     lr_schedule="constant", clip_grad_norm=None),
+                  monitor=lambda it, img: seen.append((it, img.clone())))
+    assert [it for it, _ in seen] == [10, 20, 25]
+    assert all(img.shape == (16, 16) and not img.requires_grad for _, img in seen)
+    # the last view is what the fit returns; an earlier one is the best iterate up to it
+    assert torch.equal(seen[-1][1], res.reconstruction)
+    loss = res.loss_history["loss"]
+    with torch.no_grad():
+        first = ((op(seen[0][1]) - y).square().sum() + 0.1 * total_variation(seen[0][1])).item()
+    assert first == pytest.approx(loss[:10].min(), rel=1e-5)
+
+
 def test_same_seed_same_reconstruction_on_cpu(problem):
     op, x, y = problem
     a = fit_dip(y, op, tiny_config(iterations=15, seed=4))

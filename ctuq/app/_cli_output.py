@@ -101,14 +101,23 @@ class BatchBars:
     """A bar for the batch and one for the current stage, redrawn 4 times a second.
 
     The clocks move between events too (Rich refreshes on its own), so a
-    long step without events still shows time passing.
+    long step without events still shows time passing. Where stderr is not a
+    terminal (a batch job's log file), Rich draws nothing live; progress is
+    then written as plain lines instead: one when a stage begins or ends and
+    at most one per ``log_every`` seconds in between.
     """
 
-    def __init__(self, n_inputs: int, *, console=None, transient: bool = False):
+    def __init__(self, n_inputs: int, *, console=None, transient: bool = False,
+                 log_every: float = 60.0):
+        console = console or err_console
+        self.console = console
+        self.log_every = float(log_every)
+        self._last_line = -float("inf")
         self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
                                  TextColumn("{task.completed}/{task.total}", markup=False),
                                  StageClock(),
-                                 console=console or err_console, transient=transient,
+                                 console=console, transient=transient,
+                                 disable=not console.is_terminal,  # lines instead
                                  refresh_per_second=4)
         self.batch = self.progress.add_task("inputs", total=max(n_inputs, 1),
                                             stage_start=time.monotonic())
@@ -131,6 +140,14 @@ class BatchBars:
         text = f"{label}: {stage} {message}"
         self.progress.update(self.stage, description=text[:90], completed=step,
                              total=max(total, 1), visible=True, **fields)
+        if not self.console.is_terminal:
+            now = time.monotonic()
+            if fields or step >= total or now - self._last_line >= self.log_every:
+                self._last_line = now
+                start = self.progress.tasks[self.stage].fields["stage_start"]
+                self.console.print(Text(f"{time.strftime('%H:%M:%S')} {label}: {stage} "
+                                        f"{step}/{max(total, 1)} ({now - start:.0f} s) "
+                                        f"{message}".rstrip()))
 
     def advance(self):
         self.progress.advance(self.batch)

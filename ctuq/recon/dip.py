@@ -429,7 +429,8 @@ def dip_tv_loss(image: Tensor, y: Tensor, op, tv_weight: float) -> tuple[Tensor,
 def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None = None,
             progress: Callable | None = None,
             cancel: Callable[[], bool] | None = None,
-            stage: str = "dip", net_input: Tensor | None = None) -> DIPResult:
+            stage: str = "dip", net_input: Tensor | None = None,
+            monitor: Callable[[int, Tensor], None] | None = None) -> DIPResult:
     """Fit the DIP+TV U-net to a sinogram.
 
     Parameters
@@ -455,6 +456,11 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
     net_input : Tensor, shape (1, 1, H, W) or (H, W), optional
         The fixed network input instead of ``config.net_input``'s (e.g. an FBP
         computed differently). Default None.
+    monitor : callable, optional
+        Called as ``monitor(iteration, image)`` together with each progress
+        event, with the image (``[H, W]``, detached) of the lowest-loss iterate
+        so far, i.e. what the fit would return if it stopped there (a live
+        view, or a benchmark's PSNR against the iteration count). Default None.
 
     Returns
     -------
@@ -526,6 +532,8 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
                 emit_progress(progress, stage, i + 1, n_iter,
                               f"loss {lv:.5g} (data {hist[1, i]:.5g}, TV {hist[2, i]:.5g}); "
                               f"best {best_loss:.5g} at {best_iter}")
+                if monitor is not None:
+                    monitor(i + 1, best_out.reshape(op.geometry.image_shape))
 
     if best_state is None:
         raise InputError("DIP fit produced no finite loss (check the sinogram scale)",
