@@ -1,16 +1,26 @@
 """Seeded end-to-end runs whose outputs are pinned in ``tests/golden/golden.npz``.
 
 They guard refactors of the posterior engine: a 28² CT reconstruction (DIP mean, std,
-learned hyperparameters) with three prior / sampler settings, direct sampler calls
-(mini-batched sample-then-optimise, CG), and a digits classification run (sampled LLA
-NLL and the EM prior) with the full-batch and a mini-batched sampler.
+learned hyperparameters), three prior / sampler settings and direct sampler calls
+(mini-batched sample-then-optimise, CG) at a *pinned* linearisation point, and a digits
+classification run (sampled LLA NLL and the EM prior) with the full-batch and a
+mini-batched sampler.
+
+Why a pinned linearisation point: the DIP fit is chaotic in the last bits. Scaling the
+sinogram by (1 + 1e-7) moves the fitted image by 1.7 % and the posterior std by 17 %
+(measured), so a new numpy / scipy / ODL release that changes one summation order moves
+every end-to-end CT number far beyond float level. The posterior engine itself is not:
+at fixed weights the same perturbation moves its outputs by at most 9e-4. The golden file
+therefore stores the sinogram, the FBP input and the fitted weights, and the engine runs
+linearise at those stored values; the end-to-end entries get only a loose check here
+(bit-identical with ``--check`` on the machine that wrote them).
 
 Regenerate (only for an intended change of the numbers, explained in the commit)::
 
     .venv/bin/python tests/golden_runs.py --write
 
-Check bit for bit on this machine (``tests/test_golden.py`` compares with rtol 1e-6, so
-that another CPU's summation order does not fail it)::
+Check bit for bit on this machine (``tests/test_golden.py`` compares with the tolerances
+of :data:`TOLERANCES`, so that another CPU or library release does not fail it)::
 
     .venv/bin/python tests/golden_runs.py --check
 
@@ -57,8 +67,16 @@ _UNC = {"em_steps": 2, "n_samples": 4, "predictive_samples": 8, "stored_samples"
         "predcp": True}
 
 
-def ct_runs() -> dict:
-    """The pipeline's defaults (g-prior, CG, TV-PredCP) and two other prior / sampler pairs."""
+def ct_runs(pin: dict | None = None) -> dict:
+    """The pipeline end to end, then three prior / sampler pairs at the linearisation point.
+
+    ``pin``: the reference's ``ct_y``, ``ct_net_input`` and ``ct_dip_params``; the engine
+    runs linearise there instead of at this run's own fit (None: at this run's fit).
+    """
+    from dataclasses import replace
+
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
     import ctuq
     from ctuq.data.operators import RayTransform
     from ctuq.recon.config import ReconstructionConfig
@@ -80,7 +98,16 @@ def ct_runs() -> dict:
     op = RayTransform(sino.geometry, backend="matrix")
     y = torch.as_tensor(sino.data, dtype=torch.float32)
     dip = fit_dip(y, op, dip_cfg, noise_std=sigma)
-    variants = {"matern": dict(prior="matern", learn_noise=True),
+    out.update({"ct_y": y, "ct_net_input": dip.net_input,
+                "ct_dip_params": parameters_to_vector(dip.model.parameters())})
+    if pin is not None:
+        y = torch.as_tensor(pin["ct_y"])
+        vector_to_parameters(torch.as_tensor(pin["ct_dip_params"]), dip.model.parameters())
+        dip = replace(dip, net_input=torch.as_tensor(pin["ct_net_input"]))
+        with torch.no_grad():
+            dip.reconstruction = dip.model(dip.net_input).reshape(y.new_empty(28, 28).shape)
+    variants = {"gprior": dict(),
+                "matern": dict(prior="matern", learn_noise=True),
                 "ardsto": dict(prior="ard", sampler="sto", predcp=False)}
     for name, change in variants.items():
         unc = ReconstructionConfig(preset="reference-28", device="cpu", backend="matrix",
@@ -140,27 +167,69 @@ def classify_runs() -> dict:
     return out
 
 
-def run_all() -> dict:
+def run_all(pin: dict | None = None) -> dict:
+    """Every entry, on one thread; ``pin`` as in :func:`ct_runs`."""
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return {k: _np(v) for k, v in {**ct_runs(), **classify_runs()}.items()}
+        return {k: _np(v) for k, v in {**ct_runs(pin), **classify_runs()}.items()}
     finally:
         torch.set_num_threads(old)
 
 
-def compare(new: dict, ref: dict, rtol: float = 0.0, atol: float = 0.0) -> list[str]:
-    """Keys whose values differ beyond ``rtol``/``atol`` (exact with the defaults)."""
+#: Relative tolerance in norm, ‖new − ref‖ / ‖ref‖, per entry (prefix match, first wins).
+#: The end-to-end CT entries follow the chaotic DIP fit: their bound is ≈ 3× the change
+#: that a 1e-7 perturbation of the sinogram causes (ct_mean 1.7 %, total std 4 %,
+#: hyperparameters ≤ 2 %), so it catches a broken pipeline, not a changed draw; the
+#: posterior std of that run (17 %) and the fitted weights are not compared. The engine
+#: runs at the pinned point and the classifier are held to ≈ 10× their float-level
+#: spread (9e-4 and 1.3e-7 measured); a changed draw, step or default moves them by
+#: whole percent.
+TOLERANCES = {
+    "ct_y": 1e-5, "ct_net_input": 1e-4,
+    "ct_dip_params": None, "ct_std": None,
+    "ct_mean": 0.05, "ct_total_std": 0.15, "ct_a": 0.06, "ct_sigma2": 0.06,
+    "ct_gamma": 0.06, "ct_trace_a": 0.06,
+    "ct_": 1e-2, "sto_": 1e-2, "cg_": 1e-2,
+    "cls_": 1e-5,
+}
+
+
+def tolerance(key: str) -> float | None:
+    """The entry's tolerance from :data:`TOLERANCES` (None: not compared)."""
+    for prefix, tol in TOLERANCES.items():
+        if key == prefix or (prefix.endswith("_") and key.startswith(prefix)):
+            return tol
+    raise KeyError(f"no tolerance for golden entry {key!r}")
+
+
+def compare(new: dict, ref: dict, exact: bool = False) -> list[str]:
+    """Entries that differ: bit for bit if ``exact``, else beyond :func:`tolerance`."""
     bad = [f"missing: {k}" for k in ref if k not in new]
     bad += [f"unexpected: {k}" for k in new if k not in ref]
     for k in ref:
-        if k in new:
-            a, b = np.asarray(new[k]), np.asarray(ref[k])
-            if a.shape != b.shape or not np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
-                err = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300))) \
-                    if a.shape == b.shape else float("nan")
-                bad.append(f"{k}: max relative difference {err:.3g}")
+        if k not in new:
+            continue
+        a, b = np.asarray(new[k], dtype=np.float64), np.asarray(ref[k], dtype=np.float64)
+        if a.shape != b.shape:
+            bad.append(f"{k}: shape {a.shape} != {b.shape}")
+            continue
+        if exact:
+            if not np.array_equal(a, b, equal_nan=True):
+                bad.append(f"{k}: not bit-identical")
+            continue
+        tol = tolerance(k)
+        if tol is None:
+            continue
+        rel = float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-300))
+        if not rel <= tol:
+            bad.append(f"{k}: relative difference {rel:.3g} in norm > {tol:g}")
     return bad
+
+
+def load() -> dict:
+    with np.load(GOLDEN) as f:
+        return dict(f)
 
 
 if __name__ == "__main__":
@@ -169,9 +238,8 @@ if __name__ == "__main__":
         np.savez_compressed(GOLDEN, **run_all())
         print(f"wrote {GOLDEN}")
     elif "--check" in sys.argv:
-        with np.load(GOLDEN) as f:
-            ref = dict(f)
-        diffs = compare(run_all(), ref)
+        ref = load()
+        diffs = compare(run_all(ref), ref, exact=True)
         print("bit-identical" if not diffs else "\n".join(diffs))
         sys.exit(1 if diffs else 0)
     else:

@@ -66,9 +66,12 @@ def summary_table(outcomes) -> None:
             text = o.error or o.note
             # an InputError already starts with the file; do not say it twice
             named = text.startswith(o.input) or text.startswith(str(Path(o.input).resolve()))
+            # one unbroken line in a log file (grep finds it); wrapped on a terminal
             out_console.print(Text.assemble((f"{o.status}: ", style),
                                             *(() if named else ((o.input, "bold"), ": ")),
-                                            text), overflow="fold")
+                                            text),
+                              **({"overflow": "fold"} if out_console.is_terminal
+                                 else {"soft_wrap": True}))
 
 
 def write_summary_json(path, outcomes, *, run_id: str) -> None:
