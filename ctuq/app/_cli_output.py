@@ -150,7 +150,7 @@ class BatchBars:
                 start = self.progress.tasks[self.stage].fields["stage_start"]
                 self.console.print(Text(f"{time.strftime('%H:%M:%S')} {label}: {stage} "
                                         f"{step}/{max(total, 1)} ({now - start:.0f} s) "
-                                        f"{message}".rstrip()))
+                                        f"{message}".rstrip()), soft_wrap=True)
 
     def advance(self):
         self.progress.advance(self.batch)
