@@ -17,7 +17,7 @@ from typing import Callable
 
 from ctuq.errors import Cancelled
 
-__all__ = ["ProgressEvent", "emit_progress", "check_cancel"]
+__all__ = ["ProgressEvent", "emit_progress", "relay", "check_cancel"]
 
 
 @dataclass
@@ -62,6 +62,27 @@ def emit_progress(progress: Callable | None, stage: str, step: int, total: int,
         progress(stage=stage, step=step, total=total, message=message)
     else:
         progress(ProgressEvent(stage, step, total, message))
+
+
+def relay(progress: Callable | None, stage: str, step: int, total: int,
+          prefix: str = "") -> Callable | None:
+    """A progress callable that reports an inner computation as the outer ``stage``.
+
+    The inner events keep the outer stage, step and total (a bar does not
+    jump between the counts of two computations) and carry the inner
+    event's message, after ``prefix``: e.g. the CG iterations and Nyström
+    sketch of an E-step show as ``("em", 1, 4, "E-step 1: CG iteration 10, …")``.
+    None when ``progress`` is None.
+    """
+    if progress is None:
+        return None
+    outer_stage, outer_step, outer_total = stage, step, total
+
+    def inner(stage: str, step: int, total: int, message: str = "") -> None:
+        emit_progress(progress, outer_stage, outer_step, outer_total,
+                      prefix + (message or f"{stage} {step}/{total}"))
+
+    return inner
 
 
 def check_cancel(cancel: Callable[[], bool] | None, what: str = "computation") -> None:

@@ -315,7 +315,13 @@ def test_fit_posterior_api_trace_and_draw(problem):
     json.dumps(hp)
     assert hp["block_names"] == list(lin.blocks) and hp["sigma2"] == post.noise_var
     assert hp["a_b"] == post.trace[-1]["a_b"]
-    assert [ev.stage for ev in events] == ["em"] * 3 and events[-1].step == events[-1].total
+    assert {ev.stage for ev in events} == {"em"} and events[-1].step == events[-1].total
+    assert [ev.step for ev in events if ev.message.startswith("EM step")] == [1, 2, 3]
+    # inside each E-step its sketch and CG solve report, at that step's count
+    inner = [ev for ev in events if ev.message.startswith("E-step")]
+    assert {ev.step for ev in inner} == {0, 1, 2}
+    assert any("Nyström sketch" in ev.message for ev in inner)
+    assert all(ev.message.startswith(f"E-step {ev.step}: ") for ev in inner)
     z = post.draw(6, generator=torch.Generator().manual_seed(1))
     assert z.shape == (6, d) and bool(torch.isfinite(z).all())
     z2 = post.draw(6, generator=torch.Generator().manual_seed(1))
@@ -326,8 +332,12 @@ def test_fit_posterior_api_trace_and_draw(problem):
     zb = post.draw(5, generator=torch.Generator().manual_seed(2), batch_size=2,
                    progress=lambda ev: events.append(ev))
     assert zb.shape == (5, d) and bool(torch.isfinite(zb).all())
-    assert [(ev.stage, ev.step, ev.total) for ev in events] == [
+    assert [(ev.stage, ev.step, ev.total) for ev in events
+            if ev.message.endswith("posterior samples")] == [
         ("predictive", 2, 5), ("predictive", 4, 5), ("predictive", 5, 5)]
+    inner = [ev for ev in events if "posterior samples; " in ev.message]  # the CG solves
+    assert {(ev.stage, ev.step) for ev in inner} == {("predictive", 0), ("predictive", 2),
+                                                     ("predictive", 4)}
     zb2 = post.draw(5, generator=torch.Generator().manual_seed(2), batch_size=2)
     assert torch.allclose(zb, zb2, rtol=1e-3, atol=1e-5)
     # one solver record per batch, from the solves just run

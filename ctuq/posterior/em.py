@@ -46,7 +46,7 @@ from ctuq.errors import CtuqError, InputError
 from ctuq.posterior.mstep import EStepStats, Hyperprior, closed_form_mstep, estep_statistics
 from ctuq.posterior.priors import BlockPrior, GaussianPrior
 from ctuq.posterior.samples import PosteriorSample
-from ctuq.progress import check_cancel, emit_progress
+from ctuq.progress import check_cancel, emit_progress, relay
 
 __all__ = ["EMOptions", "FittedPosterior", "fit_hyperparameters"]
 
@@ -299,7 +299,8 @@ class FittedPosterior:
             polled between batches (and inside each solve). Default all at
             once.
         progress : callable, optional
-            ``emit_progress(progress, stage, done, k, message)`` after each batch.
+            ``emit_progress(progress, stage, done, k, message)`` after each batch;
+            inside a batch, its solver's events with the same ``done`` and ``k``.
         cancel : callable, optional
             Raises :class:`~ctuq.errors.Cancelled` when it returns True.
         stage : str
@@ -321,7 +322,9 @@ class FittedPosterior:
             # fresh draws; the last E-step's θ* solution and preconditioner carry over
             res = self.sampler.sample(self.likelihood, self.prior, self.noise_var, m,
                                       generator=gen, warm_start=self.sample_state,
-                                      redraw=True, cancel=cancel)
+                                      redraw=True, cancel=cancel,
+                                      progress=relay(progress, stage, done, k,
+                                                     f"{done}/{k} posterior samples; "))
             parts.append(res.z)
             self.draw_info.append(res.info)
             done += m
@@ -378,7 +381,8 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
         likelihood's mode to the linear model's MAP under the current prior).
     progress : callable, optional
         Gets ``emit_progress(progress, "em", step, total, message)`` after
-        every E-/M-step.
+        every E-/M-step, and during an E-step its Nyström sketch and CG
+        iterations as ``("em", step, total, "E-step <step>: …")``.
     cancel : callable, optional
         Checked between steps and inside the solves.
 
@@ -432,8 +436,10 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
         t0 = time.perf_counter()
         if before_estep is not None:
             before_estep(prior)
+        # the E-step's sketch and CG iterations show as "em" events of this step
         sample = sampler.sample(likelihood, prior, sigma2, opts.n_samples, generator=gen,
-                                warm_start=sample, redraw=opts.redraw, cancel=cancel)
+                                warm_start=sample, redraw=opts.redraw, cancel=cancel,
+                                progress=relay(progress, "em", step, total, f"E-step {step}: "))
         _check_finite(sample, step)
         mode = sample.theta_star if sample.theta_star is not None else likelihood.mode
         stats = estep_statistics(likelihood, prior, sigma2, mode, sample.z,

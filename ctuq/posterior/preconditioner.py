@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ctuq.progress import check_cancel
+from ctuq.progress import check_cancel, emit_progress
 
 __all__ = ["NystromPreconditioner", "pick_preconditioner", "hyper_vector"]
 
@@ -67,7 +67,9 @@ class NystromPreconditioner:
               generator: torch.Generator | None = None,
               device=None, dtype=torch.float32, chunk: int | None = None,
               hyper: Tensor | None = None,
-              cancel: Callable[[], bool] | None = None) -> "NystromPreconditioner":
+              cancel: Callable[[], bool] | None = None,
+              progress: Callable | None = None,
+              stage: str = "preconditioner") -> "NystromPreconditioner":
         """Sketch ``P`` with ``rank + oversample`` Gaussian directions and keep ``rank`` pairs.
 
         Parameters
@@ -97,6 +99,12 @@ class NystromPreconditioner:
         cancel : callable, optional
             Polled between chunks: the sketch is the longest step without
             a CG iteration in it (≈ 2 · (rank + oversample) products).
+        progress : callable, optional
+            Gets ``(stage, products done, products in all, message)`` after
+            every chunk (at 512² on 2 CPU cores the sketch takes tens of
+            minutes: it must not look like a hang).
+        stage : str
+            Stage name of those events. Default ``'preconditioner'``.
 
         Raises
         ------
@@ -110,12 +118,18 @@ class NystromPreconditioner:
         omega = torch.linalg.qr(omega).Q  # [d_y, s], orthonormal columns
         om = omega.t().contiguous().to(device=device, dtype=dtype)  # rows = directions
         step = max(1, int(chunk)) if chunk is not None else 32
+        n_products = s * (max(0, int(power_iters)) + 1)
+        done = 0
 
         def sketch(rows: Tensor) -> Tensor:
+            nonlocal done
             parts = []
             for i in range(0, s, step):
                 check_cancel(cancel, "preconditioner")
                 parts.append(apply_P(rows[i:i + step]))
+                done += parts[-1].shape[0]
+                emit_progress(progress, stage, done, n_products,
+                              f"Nyström sketch: {done}/{n_products} products")
             return torch.cat(parts).detach().to(torch.float64).t()  # [d_y, s]
 
         for _ in range(max(0, int(power_iters))):  # subspace iteration sharpens the sketch

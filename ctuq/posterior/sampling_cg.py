@@ -303,7 +303,7 @@ class CGSampler(Sampler):
                     oversample=options.precond_oversample,
                     power_iters=options.precond_power_iters, generator=gen,
                     device=likelihood.device, chunk=likelihood.lin.chunk_size, hyper=hyper,
-                    cancel=cancel)
+                    cancel=cancel, progress=progress, stage=stage)
                 log.debug("Nyström preconditioner rank %d in %.2f s, λ = %.3g … %.3g",
                           pc.rank, pc.build_time, float(pc.eigvals[0]), float(pc.eigvals[-1]))
                 return pc

@@ -285,7 +285,7 @@ class STOSampler(Sampler):
                         gram, d, options.precond_rank, oversample=options.precond_oversample,
                         power_iters=options.precond_power_iters, generator=gen,
                         device=device, chunk=likelihood.lin.chunk_size, hyper=hyper,
-                        cancel=cancel)
+                        cancel=cancel, progress=progress, stage=stage)
                 precond = pick_preconditioner(warm.preconditioner, warm.forced, prior,
                                               options.reuse_tol, build)
 
