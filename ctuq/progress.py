@@ -76,11 +76,10 @@ def relay(progress: Callable | None, stage: str, step: int, total: int,
     """
     if progress is None:
         return None
-    outer_stage, outer_step, outer_total = stage, step, total
 
-    def inner(stage: str, step: int, total: int, message: str = "") -> None:
-        emit_progress(progress, outer_stage, outer_step, outer_total,
-                      prefix + (message or f"{stage} {step}/{total}"))
+    def inner(event: ProgressEvent) -> None:  # one positional argument: gets the event
+        emit_progress(progress, stage, step, total,
+                      prefix + (event.message or f"{event.stage} {event.step}/{event.total}"))
 
     return inner
 
