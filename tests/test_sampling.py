@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from ctuq.errors import Cancelled, InputError
+from ctuq.posterior.sampling_cg import ObservationKernel
 from ctuq.posterior import (BlockPrior, CGOptions, CGSampler, ExactPosterior, GPrior,
                             NystromPreconditioner, STOOptions, batched_cg)
 
@@ -275,16 +276,17 @@ def test_cg_warm_start_reuses_solutions_and_preconditioner(lik, problem, lin):
     assert torch.equal(again.state.base_u, first.state.base_u)
     assert torch.allclose(again.z, first.z)
     with torch.no_grad():
-        prior.log_a += math.log(1.2)  # a small M-step: reuse, fewer iterations than cold
+        prior.log_l[0] += 0.1  # a small M-step: reuse, fewer iterations than cold
     warm = sample_posterior(lik, prior, s2 * 1.1, 8, warm_start=first)
     cold = sample_posterior(lik, prior, s2 * 1.1, 8,
                             generator=torch.Generator().manual_seed(5))
     assert warm.state.preconditioner is first.state.preconditioner
     assert warm.info["converged"] and warm.info["iterations"] <= cold.info["iterations"]
     with torch.no_grad():
-        prior.log_a += CGOptions().reuse_tol  # a big move (beyond reuse_tol) rebuilds it
+        prior.log_l[0] += CGOptions().reuse_tol  # a big move (beyond reuse_tol) rebuilds it
     moved = sample_posterior(lik, prior, s2, 8, warm_start=first)
     assert moved.state.preconditioner is not first.state.preconditioner
+    assert not torch.equal(moved.state.preconditioner.U, first.state.preconditioner.U)
     redrawn = sample_posterior(lik, prior, s2, 8, warm_start=first,
                                redraw=True, generator=torch.Generator().manual_seed(9))
     assert not torch.equal(redrawn.state.base_u, first.state.base_u)
@@ -403,3 +405,33 @@ def test_cg_on_cuda_matches_cpu(problem, cg_post):
     assert torch.equal(post.state.base_u.cpu(), cpu.state.base_u)
     ts, ts_cpu = post.theta_star.cpu().double(), cpu.theta_star.double()
     assert float((ts - ts_cpu).norm() / ts_cpu.norm()) < 1e-2
+
+
+def test_a_common_prior_scale_rescales_the_preconditioner_exactly(lik, problem, lin):
+    """Σ → cΣ scales ΦΣΦᵀ by c: the rescaled sketch equals a rebuild with the same directions."""
+    s2 = problem.noise_std**2
+    prior = BlockPrior(lin)
+    first = sample_posterior(lik, prior, s2, 4, generator=torch.Generator().manual_seed(5))
+    pc0 = first.state.preconditioner
+    with torch.no_grad():
+        prior.log_a += 4.0  # far beyond reuse_tol, but a pure scale
+    moved = sample_posterior(lik, prior, s2, 4, warm_start=first)
+    pc = moved.state.preconditioner
+    assert torch.equal(pc.U, pc0.U)
+    torch.testing.assert_close(pc.eigvals, pc0.eigvals * math.exp(4.0))
+    kern = ObservationKernel(lik, prior, s2)
+    rebuilt = NystromPreconditioner.build(kern.P, kern.d_y, pc0.rank,
+                                          generator=torch.Generator().manual_seed(5))
+    rel = (pc.eigvals[:5] - rebuilt.eigvals[:5]).abs() / rebuilt.eigvals[:5]
+    assert float(rel.max()) < 0.05  # the leading eigenvalues of c·P (another sketch)
+    assert moved.info["converged"]
+    # anything more than a common scale is not rescaled
+    assert prior.log_scale_change(pc0.hyper) == pytest.approx(4.0)
+    with torch.no_grad():
+        prior.log_a[0] += 0.5
+    assert prior.log_scale_change(pc0.hyper) is None
+    g = GPrior(torch.ones(lin.num_params), g=2.0)
+    old = torch.cat([p.detach().reshape(-1).double() for p in g.parameters()])
+    with torch.no_grad():
+        g.log_g += 1.5
+    assert g.log_scale_change(old) == pytest.approx(1.5)

@@ -150,6 +150,17 @@ class NystromPreconditioner:
         U, lam = U[:, :rank], lam[:rank]
         return cls(U.contiguous(), lam, hyper, time.perf_counter() - t0)
 
+    def rescaled(self, factor: float, hyper: Tensor | None = None) -> "NystromPreconditioner":
+        """The sketch of ``factor · P``: same ``U``, eigenvalues times ``factor`` (exact).
+
+        A Nyström sketch is linear in ``P`` for fixed test directions, so
+        when only a common prior scale moved (``Σ → c Σ`` makes both
+        ``Φ Σ Φᵀ`` and ``LᵀΦᵀΦL`` scale by ``c``) this *is* the sketch that a
+        rebuild with the same directions would give, at no products.
+        """
+        return NystromPreconditioner(self.U, self.eigvals * float(factor), hyper,
+                                     self.build_time)
+
     def __call__(self, X: Tensor, noise_var: float) -> Tensor:
         """``M⁻¹ X`` for rows ``X`` ``[m, d_y]`` (computed in float64)."""
         coef = (self.eigvals[-1] + noise_var) / (self.eigvals + noise_var)  # (0, 1]
@@ -171,13 +182,24 @@ def pick_preconditioner(previous: "NystromPreconditioner | None", forced: bool, 
                         ) -> "NystromPreconditioner":
     """``previous`` when it may be reused, else ``build(hyper_vector(prior))``.
 
-    Reused when it was passed explicitly (``forced``), or when no
-    log-hyperparameter of ``prior`` moved by more than ``reuse_tol`` since it
-    was built (None: never reuse). A stale preconditioner still
-    preconditions, only less sharply; the noise variance enters at apply time
-    and may change freely.
+    Used as it is when it was passed explicitly (``forced``). Otherwise, when
+    only a common scale of the prior moved since it was built (the g-prior's
+    ``g``; every block variance of a block prior by the same factor, length
+    scales unchanged: ``prior.log_scale_change``), it is rescaled exactly at
+    no cost, however far the scale moved. Else it is reused while no
+    log-hyperparameter moved by more than ``reuse_tol`` (None: never reuse):
+    a stale preconditioner still preconditions, only less sharply. The noise
+    variance enters at apply time and may change freely.
     """
     hyper = hyper_vector(prior)
+    if (previous is not None and not forced and previous.hyper is not None
+            and previous.hyper.shape == hyper.shape):
+        shift = getattr(prior, "log_scale_change", lambda _old: None)(previous.hyper)
+        if shift == 0.0:
+            return previous
+        if shift is not None:
+            log.debug("rescaling the Nyström preconditioner by %.4g", math.exp(shift))
+            return previous.rescaled(math.exp(shift), hyper)
     if previous is not None and (forced or (
             reuse_tol is not None and previous.hyper is not None
             and previous.hyper.shape == hyper.shape

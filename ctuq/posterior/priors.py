@@ -156,6 +156,43 @@ class GaussianPrior(nn.Module):
                                  field="block") from None
         return int(b)
 
+    #: Parameters that are log-scales of a block's covariance (``Σ_b = a_b C_b``).
+    _log_scale_names: tuple[str, ...] = ("log_a", "log_g")
+
+    def log_scale_change(self, old: Tensor, rtol: float = 1e-9) -> float | None:
+        """``c`` with ``Σ = e^c · Σ_old`` when only a common scale moved, else None.
+
+        Parameters
+        ----------
+        old : Tensor
+            The log-hyperparameters then, flat in ``parameters()`` order
+            (``preconditioner.hyper_vector``'s layout).
+        rtol : float
+            Tolerance on the shifts' spread and on every other parameter's move.
+
+        Returns
+        -------
+        float or None
+            The common shift of every log-scale parameter, when all of them
+            moved by the same amount and nothing else moved.
+        """
+        shifts, offset = [], 0
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                now = p.detach().reshape(-1).double().cpu()
+                d = now - old[offset:offset + now.numel()].double().cpu()
+                offset += now.numel()
+                if name in self._log_scale_names:
+                    shifts.append(d)
+                elif d.numel() and float(d.abs().max()) > rtol:
+                    return None
+        if not shifts or offset != old.numel():
+            return None
+        shifts = torch.cat(shifts)
+        if float(shifts.max() - shifts.min()) > rtol:
+            return None
+        return float(shifts.mean())
+
     def _cache_key(self, dtype, device):
         ps = tuple((p._version, p.data_ptr()) for p in self.parameters())
         bs = tuple((b._version, b.data_ptr()) for b in self.buffers())

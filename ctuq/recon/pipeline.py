@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -57,6 +57,7 @@ from ctuq.data.io import (Result, Sinogram, read_sinogram, read_sinogram_isolate
 from ctuq.data.operators import RayTransform
 from ctuq.errors import InputError
 from ctuq.recon.baselines import estimate_noise_std, fbp_reconstruction
+from ctuq.recon.checkpoint import StageCheckpoints, stage_key
 from ctuq.recon.config import LAPLACE_ONLY, ReconstructionConfig, UncertaintyConfig
 from ctuq.recon.dip import fit_dip, resolve_device
 from ctuq.progress import check_cancel, emit_progress
@@ -142,7 +143,7 @@ def check_memory(shape, config: ReconstructionConfig) -> None:
 def reconstruct(sinogram, config: ReconstructionConfig | None = None, *,
                 angles=None, progress: Callable | None = None,
                 cancel: Callable[[], bool] | None = None, run_id: str | None = None,
-                **geometry) -> Result:
+                checkpoint=None, **geometry) -> Result:
     """Reconstruct a sinogram with a per-pixel uncertainty.
 
     Parameters
@@ -162,6 +163,11 @@ def reconstruct(sinogram, config: ReconstructionConfig | None = None, *,
         Returns True to stop; :class:`ctuq.errors.Cancelled` is raised.
     run_id : str, optional
         Recorded in the provenance (the batch runner's run).
+    checkpoint : path-like, optional
+        A folder for the finished stages (:mod:`ctuq.recon.checkpoint`): a
+        run stopped by a cancel, a crash or a wall-time limit resumes there
+        when called again with the same data and settings. Removed when the
+        reconstruction is complete. Default None (nothing saved).
     **geometry
         For an array: :class:`~ctuq.data.io.options.GeometryOptions` fields
         (``image_size``, ``pixel_size``, ``detector_spacing``, ``beam``,
@@ -208,6 +214,15 @@ def reconstruct(sinogram, config: ReconstructionConfig | None = None, *,
             raise InputError(f"must be a ReconstructionConfig or a dict, got "
                              f"{type(config).__name__}", field="config")
     config = config or ReconstructionConfig()
+    ckpt = None if checkpoint is None else StageCheckpoints(checkpoint)
+    result = _reconstruct(sinogram, config, progress, cancel, run_id, ckpt)
+    if ckpt is not None:
+        ckpt.clear()
+    return result
+
+
+def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, cancel,
+                 run_id: str | None, ckpt: StageCheckpoints | None) -> Result:
     check_memory(sinogram.geometry.image_shape, config)
     slices = list(sinogram.slices()) if sinogram.is_stack else [sinogram]
     outs = []
@@ -215,7 +230,7 @@ def reconstruct(sinogram, config: ReconstructionConfig | None = None, *,
         for i, sl in enumerate(slices):
             check_cancel(cancel, "reconstruction")
             outs.append(_reconstruct_slice(sl, config, _slice_progress(progress, i, len(slices)),
-                                           cancel))
+                                           cancel, _Stages(ckpt, i, sl, config)))
     first = outs[0]
     stack = (lambda key: np.stack([o[key] for o in outs])) if sinogram.is_stack else (
         lambda key: first[key])
@@ -250,7 +265,8 @@ _PREDICTIVE_BATCH = 32
 def posterior_uncertainty(dip, op: RayTransform, y: torch.Tensor, noise_std: float,
                           unc: UncertaintyConfig, *, learn_noise: bool, seed: int = 0,
                           progress: Callable | None = None,
-                          cancel: Callable[[], bool] | None = None) -> dict:
+                          cancel: Callable[[], bool] | None = None,
+                          stages: "_Stages | None" = None) -> dict:
     """The uncertainty stages after a DIP fit: linearise, sample-based EM, predictive.
 
     Parameters
@@ -268,6 +284,8 @@ def posterior_uncertainty(dip, op: RayTransform, y: torch.Tensor, noise_std: flo
         Seed of the EM draws (``seed``) and of the predictive draws (``seed + 7``).
     progress, cancel : callable, optional
         See :func:`reconstruct`.
+    stages : optional
+        The pipeline's checkpoints of ``em`` and ``predictive`` (internal).
 
     Returns
     -------
@@ -278,29 +296,37 @@ def posterior_uncertainty(dip, op: RayTransform, y: torch.Tensor, noise_std: flo
         ``em`` and ``predictive``) and the engine ``options``
         (:func:`~ctuq.recon.evidence.uncertainty_options`).
     """
-    from ctuq.posterior import Linearization
+    from ctuq.posterior import FittedPosterior, Linearization
     from ctuq.recon import predictive
-    from ctuq.recon.evidence import fit_posterior, uncertainty_options
+    from ctuq.recon.evidence import ct_likelihood, fit_posterior, uncertainty_options
 
+    stages = stages or _Stages(None)
     timings = {}
-    t0 = time.perf_counter()
     lin = Linearization(dip.model, dip.net_input)
     options = uncertainty_options(unc, learn_noise=bool(learn_noise), seed=seed)
-    post = fit_posterior(lin, op, y, noise_std**2, **options,
-                         tv_weight=float(dip.config.resolve_tv_weight(y, op, noise_std)),
-                         progress=progress, cancel=cancel)
-    timings["em"] = time.perf_counter() - t0
+    post, timings["em"] = stages.run(
+        "em", lambda: fit_posterior(
+            lin, op, y, noise_std**2, **options,
+            tv_weight=float(dip.config.resolve_tv_weight(y, op, noise_std)),
+            progress=progress, cancel=cancel),
+        # saved without its likelihood (the operator and network are rebuilt)
+        pack=lambda p: {f.name: getattr(p, f.name) for f in fields(p) if f.name != "likelihood"},
+        unpack=lambda s: FittedPosterior(likelihood=ct_likelihood(lin, op, y), **s),
+        progress=progress)
     check_cancel(cancel, "reconstruction")
 
-    t0 = time.perf_counter()
-    emit_progress(progress, "predictive", 0, unc.predictive_samples, "posterior samples")
-    gen = torch.Generator().manual_seed(seed + 7)
-    z = post.draw(unc.predictive_samples, generator=gen, batch_size=_PREDICTIVE_BATCH,
-                  progress=progress, cancel=cancel)
-    image_samples = predictive.image_samples(lin, z)  # zero-mean, [k, H, W]
+    def draw():
+        emit_progress(progress, "predictive", 0, unc.predictive_samples, "posterior samples")
+        gen = torch.Generator().manual_seed(seed + 7)
+        z = post.draw(unc.predictive_samples, generator=gen, batch_size=_PREDICTIVE_BATCH,
+                      progress=progress, cancel=cancel)
+        emit_progress(progress, "predictive", unc.predictive_samples, unc.predictive_samples,
+                      "done")
+        return predictive.image_samples(lin, z), post.draw_info  # zero-mean, [k, H, W]
+
+    (image_samples, post.draw_info), timings["predictive"] = stages.run(
+        "predictive", draw, progress=progress)
     variance = image_samples.pow(2).mean(0)
-    emit_progress(progress, "predictive", unc.predictive_samples, unc.predictive_samples, "done")
-    timings["predictive"] = time.perf_counter() - t0
     return {"posterior": post, "linearization": lin, "image_samples": image_samples,
             "variance": variance, "std": variance.sqrt(), "timings": timings,
             "options": options}
@@ -362,7 +388,34 @@ def model_error_stage(dip, op: RayTransform, y: torch.Tensor, noise_var: float,
     return {"variance": var, "coefficients": coeffs, "seconds": time.perf_counter() - t0}
 
 
-def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, cancel) -> dict:
+class _Stages:
+    """Run a stage, or load it from a slice's checkpoint (:mod:`ctuq.recon.checkpoint`)."""
+
+    def __init__(self, ckpt: StageCheckpoints | None, index: int = 0,
+                 sino: Sinogram | None = None, config: ReconstructionConfig | None = None):
+        self.ckpt, self.index, self.resumed = ckpt, index, []
+        self.key = None if ckpt is None else stage_key(sino.data, sino.geometry, config)
+        self.device = None if config is None else resolve_device(config.device)
+
+    def run(self, stage: str, compute: Callable, *, pack: Callable = lambda v: v,
+            unpack: Callable = lambda v: v, progress: Callable | None = None):
+        """``(value, seconds)``: the saved stage (its original seconds), else ``compute()``."""
+        if self.ckpt is not None:
+            saved = self.ckpt.load(self.index, stage, self.key, map_location=self.device)
+            if saved is not None:
+                self.resumed.append(stage)
+                emit_progress(progress, stage, 1, 1, f"resumed from {self.ckpt.folder}")
+                return unpack(saved[0]), saved[1]
+        t0 = time.perf_counter()
+        value = compute()
+        seconds = time.perf_counter() - t0
+        if self.ckpt is not None:
+            self.ckpt.save(self.index, stage, self.key, pack(value), seconds=seconds)
+        return value, seconds
+
+
+def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, cancel,
+                       stages: _Stages | None = None) -> dict:
     from ctuq.recon import predictive
     from ctuq.recon.evidence import options_summary
 
@@ -382,8 +435,10 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
     emit_progress(progress, "fbp", 1, 1, "done")
     check_cancel(cancel, "reconstruction")
 
-    dip = fit_dip(y, op, dip_cfg, noise_std=noise_std, progress=progress, cancel=cancel)
-    timings["dip"] = dip.wall_time
+    stages = stages or _Stages(None)
+    dip, timings["dip"] = stages.run("dip", lambda: fit_dip(
+        y, op, dip_cfg, noise_std=noise_std, progress=progress, cancel=cancel),
+        progress=progress)
     check_cancel(cancel, "reconstruction")
 
     if unc.method == "ivon":
@@ -398,7 +453,7 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
     else:
         unc_out = posterior_uncertainty(dip, op, y, noise_std, unc, learn_noise=(
             (not noise_known) if unc.learn_noise is None else unc.learn_noise),
-            seed=config.seed, progress=progress, cancel=cancel)
+            seed=config.seed, progress=progress, cancel=cancel, stages=stages)
         post = unc_out["posterior"]
         mean, noise_var, me_dip = dip.reconstruction.detach(), float(post.noise_var), dip
         kept = mean + unc_out["image_samples"]
@@ -425,9 +480,12 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
         if unc.method == "ivon":
             metrics["psnr_dip"] = predictive.psnr(truth, dip.reconstruction.detach().cpu())
     timings["total"] = time.perf_counter() - t_start
+    if stages.resumed:  # this run's seconds plus the saved stages' own
+        timings["total"] += sum(timings[s] for s in stages.resumed)
     effective = {"preset": preset, "device": str(device),
                  "seed": config.seed, "backend": op.backend, "noise_std": noise_std,
-                 "noise_std_known": noise_known, "dip": dip.config.to_dict()}
+                 "noise_std_known": noise_known, "dip": dip.config.to_dict(),
+                 "resumed": list(stages.resumed)}
     if unc.method == "ivon":
         # what IVON ran with; the Laplace-only settings are listed as unused
         effective.update({
@@ -474,7 +532,7 @@ def flat_metrics(summary: dict) -> dict[str, float]:
 def reconstruct_file(input_path, out_path, config: ReconstructionConfig | None = None, *,
                      overwrite: bool = False, progress: Callable | None = None,
                      cancel: Callable[[], bool] | None = None, run_id: str | None = None,
-                     **read_options) -> Result:
+                     checkpoint: bool = True, **read_options) -> Result:
     """Read a sinogram file, reconstruct it, write the result file atomically.
 
     The output is checked before any work starts, so that a refused output
@@ -493,6 +551,11 @@ def reconstruct_file(input_path, out_path, config: ReconstructionConfig | None =
         See :func:`reconstruct`.
     run_id : str, optional
         Recorded in the result's provenance.
+    checkpoint : bool
+        Keep the finished stages in ``.<out name>.resume`` beside the output
+        (:func:`checkpoint_folder`) until the result is written, so that a
+        stopped run resumes where it stopped when started again with the
+        same input and settings. Default True.
     **read_options
         :class:`~ctuq.data.io.options.ReadOptions` and
         :class:`~ctuq.data.io.options.GeometryOptions` fields (``dataset=``,
@@ -521,8 +584,17 @@ def reconstruct_file(input_path, out_path, config: ReconstructionConfig | None =
         sino = read_sinogram_isolated(input_path, timeout=ropts.read_timeout, **kwargs)
     else:
         sino = read_sinogram(input_path, **kwargs)
-    result = reconstruct(sino, config, progress=progress, cancel=cancel, run_id=run_id)
+    ckpt = StageCheckpoints(checkpoint_folder(out_path)) if checkpoint else None
+    result = _reconstruct(sino, config, progress, cancel, run_id, ckpt)
     result.input_path = os.path.abspath(input_path)
     result.input_sha256 = sha256_file(input_path)
     write_result(out_path, result, overwrite=overwrite)
+    if ckpt is not None:  # only once the result is safely written
+        ckpt.clear()
     return result
+
+
+def checkpoint_folder(out_path) -> Path:
+    """Where :func:`reconstruct_file` keeps the finished stages: ``.<out name>.resume`` beside it."""
+    out_path = Path(out_path)
+    return out_path.with_name(f".{out_path.name}.resume")

@@ -1,0 +1,106 @@
+"""Stage checkpoints: a stopped reconstruction resumes where it stopped, with the same result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ctuq
+from ctuq.data.geometry import Geometry
+from ctuq.data.io import read_result, write_sinogram
+from ctuq.data.operators import RayTransform
+from ctuq.data.phantoms import digits
+from ctuq.data.simulate import simulate_sinogram
+from ctuq.errors import Cancelled
+from ctuq.recon.checkpoint import StageCheckpoints
+from ctuq.recon.pipeline import checkpoint_folder, reconstruct_file
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _config(**dip):
+    return ctuq.ReconstructionConfig(
+        preset="reference-28", threads=1, dip={"iterations": 40, **dip},
+        uncertainty={"em_steps": 1, "n_samples": 2, "predictive_samples": 4,
+                     "stored_samples": 0, "predcp": False, "preconditioner_rank": 8,
+                     "cg_max_iter": 40, "model_error": "none"})
+
+
+@pytest.fixture(scope="module")
+def scan_file(tmp_path_factory):
+    g = Geometry.parallel(28, n_angles=20)
+    truth = digits(1)[0]
+    y, sigma = simulate_sinogram(truth, RayTransform(g), 0.05, seed=2)
+    path = tmp_path_factory.mktemp("ck") / "scan.h5"
+    write_sinogram(path, ctuq.Sinogram(y.numpy(), g, {"noise_std": sigma}, ground_truth=truth))
+    return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(scan_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full") / "r.h5"
+    reconstruct_file(scan_file, out, _config())
+    return read_result(out)
+
+
+def test_stopped_run_resumes_from_its_finished_stages(scan_file, uninterrupted, tmp_path):
+    out = tmp_path / "r.h5"
+    folder = checkpoint_folder(out)
+
+    def stop_at_predictive(stage, step, total, message=""):
+        if stage == "predictive":
+            raise Cancelled("stopped by the test")
+
+    with pytest.raises(Cancelled):
+        reconstruct_file(scan_file, out, _config(), progress=stop_at_predictive)
+    assert not out.exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["slice0-dip.pt", "slice0-em.pt"]
+
+    events = []
+    reconstruct_file(scan_file, out, _config(), progress=lambda ev: events.append((ev.stage, ev.step)))
+    # the DIP and the EM were loaded, not run again
+    assert ("dip", 1) in events and not any(s == "dip" and i > 1 for s, i in events)
+    assert not any(s == "em" and i > 1 for s, i in events)
+    got = read_result(out)
+    assert got.config["resumed"] == ["dip", "em"]
+    assert uninterrupted.config["resumed"] == []
+    np.testing.assert_array_equal(got.reconstruction, uninterrupted.reconstruction)
+    assert got.hyperparameters == uninterrupted.hyperparameters
+    np.testing.assert_allclose(got.std, uninterrupted.std, rtol=1e-4, atol=1e-6)
+    timings = got.config["timings_s"]
+    assert timings["total"] >= timings["dip"] + timings["em"]  # saved seconds count
+    assert not folder.exists()  # removed once the result was written
+
+
+def test_other_settings_do_not_resume(scan_file, tmp_path):
+    out = tmp_path / "r.h5"
+    folder = checkpoint_folder(out)
+
+    def stop_after_dip(stage, step, total, message=""):
+        if stage == "em":
+            raise Cancelled("stopped by the test")
+
+    with pytest.raises(Cancelled):
+        reconstruct_file(scan_file, out, _config(), progress=stop_after_dip)
+    assert (folder / "slice0-dip.pt").is_file()
+    reconstruct_file(scan_file, out, _config(iterations=41))
+    assert read_result(out).config["resumed"] == []
+
+
+def test_checkpoint_files_ignore_damage_and_keep_user_files(tmp_path):
+    ck = StageCheckpoints(tmp_path / "run.resume")
+    ck.save(0, "em", "k1", {"a": torch.ones(3)}, seconds=5.0)
+    value, seconds = ck.load(0, "em", "k1")
+    assert torch.equal(value["a"], torch.ones(3)) and seconds == 5.0
+    assert ck.load(0, "em", "k2") is None and ck.load(1, "em", "k1") is None
+    (ck.folder / "slice0-dip.pt").write_bytes(b"not a checkpoint")
+    assert ck.load(0, "dip", "k1") is None  # damaged: the stage runs again
+    with pytest.raises(ValueError):
+        ck.save(0, "fbp", "k1", 1, seconds=0.0)
+    (ck.folder / "notes.txt").write_text("mine")
+    ck.clear()
+    assert sorted(p.name for p in ck.folder.iterdir()) == ["notes.txt"]
+    (ck.folder / "notes.txt").unlink()
+    ck.clear()
+    assert not ck.folder.exists()
