@@ -102,3 +102,25 @@ def test_checkpoint_files_ignore_damage_and_keep_user_files(tmp_path):
     (ck.folder / "notes.txt").unlink()
     ck.clear()
     assert not ck.folder.exists()
+
+
+def test_folder_name_stays_within_the_file_system_limit(tmp_path):
+    short = checkpoint_folder(tmp_path / "scan.ctuq.h5")
+    assert short.name == ".scan.ctuq.h5.resume" and short.parent == tmp_path
+    long_out = tmp_path / ("x" * 250 + ".h5")
+    folder = checkpoint_folder(long_out)
+    assert len(folder.name) <= 255 and folder.parent == tmp_path
+    assert folder != checkpoint_folder(tmp_path / ("y" * 250 + ".h5"))
+    ck = StageCheckpoints(folder)
+    ck.save(0, "dip", "k", 1, seconds=1.0)
+    assert ck.load(0, "dip", "k") == (1, 1.0)
+
+
+def test_an_unwritable_folder_costs_only_the_resume(tmp_path):
+    blocker = tmp_path / "taken"
+    blocker.write_text("a user's file")
+    ck = StageCheckpoints(blocker)  # a file where the folder should go
+    ck.save(0, "dip", "k", 1, seconds=1.0)  # logged, not raised
+    assert ck.load(0, "dip", "k") is None
+    ck.clear()
+    assert blocker.read_text() == "a user's file"

@@ -287,7 +287,7 @@ class STOSampler(Sampler):
                         device=device, chunk=likelihood.lin.chunk_size, hyper=hyper,
                         cancel=cancel, progress=progress, stage=stage)
                 precond = pick_preconditioner(warm.preconditioner, warm.forced, prior,
-                                              options.reuse_tol, build)
+                                              options.reuse_tol, build, rescale=False)
 
             def apply_M(g: Tensor) -> Tensor:
                 return g if precond is None else precond(g, noise_var)

@@ -19,6 +19,7 @@ overwritten, so changed settings never resume from stale work.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -75,9 +76,9 @@ class StageCheckpoints:
         one saved under another key is ignored with a log line.
         """
         path = self._path(index, stage)
-        if not path.is_file():
-            return None
         try:
+            if not path.is_file():
+                return None
             payload = torch.load(path, map_location=map_location, weights_only=False)
         except Exception as err:  # a damaged checkpoint only costs the stage again
             log.warning("ignoring the unreadable checkpoint %s (%s)", path, err)
@@ -91,13 +92,14 @@ class StageCheckpoints:
     def save(self, index: int, stage: str, key: str, value, *, seconds: float) -> None:
         """Write one stage's result atomically (a temporary file, then a rename)."""
         path = self._path(index, stage)
-        self.folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         try:
+            self.folder.mkdir(parents=True, exist_ok=True)
             torch.save({"key": key, "value": value, "seconds": float(seconds)}, tmp)
             os.replace(tmp, path)
         except Exception as err:  # a full disk must not fail the reconstruction itself
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             log.warning("could not save the %s checkpoint to %s (%s)", stage, path, err)
 
     def clear(self) -> None:
@@ -106,17 +108,17 @@ class StageCheckpoints:
         Nothing else is touched: a file a user put there stays, and so does
         the folder.
         """
-        if not self.folder.is_dir():
-            return
-        for path in self.folder.iterdir():
-            stem = path.name.removesuffix(".tmp")
-            if (path.is_file() and stem.startswith("slice") and stem.endswith(".pt")
-                    and stem[:-3].split("-", 1)[-1] in STAGES):
-                path.unlink(missing_ok=True)
         try:
+            if not self.folder.is_dir():
+                return
+            for path in self.folder.iterdir():
+                stem = path.name.removesuffix(".tmp")
+                if (path.is_file() and stem.startswith("slice") and stem.endswith(".pt")
+                        and stem[:-3].split("-", 1)[-1] in STAGES):
+                    path.unlink(missing_ok=True)
             self.folder.rmdir()
-        except OSError:
-            log.info("kept %s: it holds files ctuq did not write", self.folder)
+        except OSError as err:  # the result is written: a leftover folder is only litter
+            log.info("kept %s (%s)", self.folder, err)
 
 
 def stage_key(data, geometry, config) -> str:

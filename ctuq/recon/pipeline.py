@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -561,8 +562,6 @@ def reconstruct_file(input_path, out_path, config: ReconstructionConfig | None =
         :class:`~ctuq.data.io.options.GeometryOptions` fields (``dataset=``,
         ``angles=``, ``image_size=``...).
     """
-    import os
-
     from ctuq.data.io import check_output_path
     from ctuq.data.io.options import GEOMETRY_OPTION_NAMES, READ_OPTION_NAMES
 
@@ -595,6 +594,16 @@ def reconstruct_file(input_path, out_path, config: ReconstructionConfig | None =
 
 
 def checkpoint_folder(out_path) -> Path:
-    """Where :func:`reconstruct_file` keeps the finished stages: ``.<out name>.resume`` beside it."""
+    """Where :func:`reconstruct_file` keeps the finished stages: ``.<out name>.resume`` beside it.
+
+    A name that would pass the file system's 255 bytes is replaced by a hash
+    of it (``.<sha256 prefix>.ctuq.resume``).
+    """
+    import hashlib
+
     out_path = Path(out_path)
-    return out_path.with_name(f".{out_path.name}.resume")
+    name = f".{out_path.name}.resume"
+    if len(os.fsencode(name)) > 255:
+        digest = hashlib.sha256(os.fsencode(out_path.name)).hexdigest()[:24]
+        name = f".{digest}.ctuq.resume"
+    return out_path.with_name(name)
