@@ -199,18 +199,18 @@ def pick_preconditioner(previous: "NystromPreconditioner | None", forced: bool, 
     CG solves to a tolerance, so there the sketch changes only the cost.
     """
     hyper = hyper_vector(prior)
-    if (rescale and previous is not None and not forced and previous.hyper is not None
-            and previous.hyper.shape == hyper.shape):
+    if previous is None:
+        return build(hyper)
+    comparable = previous.hyper is not None and previous.hyper.shape == hyper.shape
+    if rescale and comparable and not forced:
         shift = getattr(prior, "log_scale_change", lambda _old: None)(previous.hyper)
         if shift == 0.0:
             return previous
         if shift is not None:
             log.debug("rescaling the Nyström preconditioner by %.4g", math.exp(shift))
             return previous.rescaled(math.exp(shift), hyper)
-    if previous is not None and (forced or (
-            reuse_tol is not None and previous.hyper is not None
-            and previous.hyper.shape == hyper.shape
-            and float((previous.hyper - hyper).abs().max()) <= reuse_tol)):
+    if forced or (reuse_tol is not None and comparable
+                  and float((previous.hyper - hyper).abs().max()) <= reuse_tol):
         log.debug("reusing the Nyström preconditioner (rank %d)", previous.rank)
         return previous
     return build(hyper)

@@ -177,15 +177,14 @@ class GaussianPrior(nn.Module):
             moved by the same amount and nothing else moved.
         """
         shifts, offset = [], 0
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                now = p.detach().reshape(-1).double().cpu()
-                d = now - old[offset:offset + now.numel()].double().cpu()
-                offset += now.numel()
-                if name in self._log_scale_names:
-                    shifts.append(d)
-                elif d.numel() and float(d.abs().max()) > rtol:
-                    return None
+        for name, p in self.named_parameters():
+            now = p.detach().reshape(-1).double().cpu()
+            d = now - old[offset:offset + now.numel()].double().cpu()
+            offset += now.numel()
+            if name in self._log_scale_names:
+                shifts.append(d)
+            elif d.numel() and float(d.abs().max()) > rtol:
+                return None
         if not shifts or offset != old.numel():
             return None
         shifts = torch.cat(shifts)

@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +32,13 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StageCheckpoints", "STAGES"]
+__all__ = ["StageCheckpoints", "STAGES", "checkpoint_folder", "stage_key"]
 
 #: The stages saved, in pipeline order.
 STAGES = ("dip", "em", "predictive")
+
+#: The names :class:`StageCheckpoints` writes (and only these are removed).
+_FILE_NAME = re.compile(r"slice\d+-(?:%s)\.pt(?:\.tmp)?" % "|".join(STAGES))
 
 #: Settings that do not change the numbers (a run may resume with others).
 _NOT_IN_KEY = ("threads",)
@@ -112,9 +116,7 @@ class StageCheckpoints:
             if not self.folder.is_dir():
                 return
             for path in self.folder.iterdir():
-                stem = path.name.removesuffix(".tmp")
-                if (path.is_file() and stem.startswith("slice") and stem.endswith(".pt")
-                        and stem[:-3].split("-", 1)[-1] in STAGES):
+                if path.is_file() and _FILE_NAME.fullmatch(path.name):
                     path.unlink(missing_ok=True)
             self.folder.rmdir()
         except OSError as err:  # the result is written: a leftover folder is only litter
@@ -142,3 +144,17 @@ def stage_key(data, geometry, config) -> str:
                          "ctuq": ctuq.__version__, "torch": torch.__version__},
                         sort_keys=True, default=str).encode())
     return h.hexdigest()
+
+
+def checkpoint_folder(out_path) -> Path:
+    """Where a result file's finished stages are kept: ``.<out name>.resume`` beside it.
+
+    A name that would pass the file system's 255 bytes is replaced by a hash
+    of it (``.<sha256 prefix>.ctuq.resume``).
+    """
+    out_path = Path(out_path)
+    name = f".{out_path.name}.resume"
+    if len(os.fsencode(name)) > 255:
+        digest = hashlib.sha256(os.fsencode(out_path.name)).hexdigest()[:24]
+        name = f".{digest}.ctuq.resume"
+    return out_path.with_name(name)

@@ -58,7 +58,7 @@ from ctuq.data.io import (Result, Sinogram, read_sinogram, read_sinogram_isolate
 from ctuq.data.operators import RayTransform
 from ctuq.errors import InputError
 from ctuq.recon.baselines import estimate_noise_std, fbp_reconstruction
-from ctuq.recon.checkpoint import StageCheckpoints, stage_key
+from ctuq.recon.checkpoint import StageCheckpoints, checkpoint_folder, stage_key
 from ctuq.recon.config import LAPLACE_ONLY, ReconstructionConfig, UncertaintyConfig
 from ctuq.recon.dip import fit_dip, resolve_device
 from ctuq.progress import check_cancel, emit_progress
@@ -67,7 +67,8 @@ from ctuq.recon.provenance import provenance, torch_threads
 
 log = logging.getLogger(__name__)
 
-__all__ = ["reconstruct", "reconstruct_file", "posterior_uncertainty", "ReconstructionConfig"]
+__all__ = ["reconstruct", "reconstruct_file", "posterior_uncertainty", "ReconstructionConfig",
+           "checkpoint_folder"]
 
 
 def _noise_std(sinogram: Sinogram, config: ReconstructionConfig, y: torch.Tensor) -> tuple[float, bool]:
@@ -480,9 +481,8 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
         metrics["coverage_2sigma_posterior"] = post_only["coverage"]["2"]
         if unc.method == "ivon":
             metrics["psnr_dip"] = predictive.psnr(truth, dip.reconstruction.detach().cpu())
-    timings["total"] = time.perf_counter() - t_start
-    if stages.resumed:  # this run's seconds plus the saved stages' own
-        timings["total"] += sum(timings[s] for s in stages.resumed)
+    # this run's seconds plus the loaded stages' own
+    timings["total"] = time.perf_counter() - t_start + sum(timings[s] for s in stages.resumed)
     effective = {"preset": preset, "device": str(device),
                  "seed": config.seed, "backend": op.backend, "noise_std": noise_std,
                  "noise_std_known": noise_known, "dip": dip.config.to_dict(),
@@ -592,18 +592,3 @@ def reconstruct_file(input_path, out_path, config: ReconstructionConfig | None =
         ckpt.clear()
     return result
 
-
-def checkpoint_folder(out_path) -> Path:
-    """Where :func:`reconstruct_file` keeps the finished stages: ``.<out name>.resume`` beside it.
-
-    A name that would pass the file system's 255 bytes is replaced by a hash
-    of it (``.<sha256 prefix>.ctuq.resume``).
-    """
-    import hashlib
-
-    out_path = Path(out_path)
-    name = f".{out_path.name}.resume"
-    if len(os.fsencode(name)) > 255:
-        digest = hashlib.sha256(os.fsencode(out_path.name)).hexdigest()[:24]
-        name = f".{digest}.ctuq.resume"
-    return out_path.with_name(name)
