@@ -13,6 +13,7 @@ from ctuq.data.operators import RayTransform
 from ctuq.data.phantoms import digits
 from ctuq.data.simulate import simulate_sinogram
 from ctuq.errors import Cancelled
+from ctuq.recon import checkpoint
 from ctuq.recon.checkpoint import StageCheckpoints
 from ctuq.recon.pipeline import checkpoint_folder, reconstruct_file
 
@@ -84,6 +85,28 @@ def test_other_settings_do_not_resume(scan_file, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["slice0-dip.pt"]
     reconstruct_file(scan_file, out, _config(iterations=41))
     assert read_result(out).config["resumed"] == []
+
+
+def test_changed_code_does_not_resume(scan_file, tmp_path, monkeypatch):
+    # The version number stays 0.1.0 across commits: the source's hash decides.
+    out = tmp_path / "r.h5"
+    _stop_at(scan_file, out, "em")
+    monkeypatch.setattr(checkpoint, "code_fingerprint", lambda: "edited source")
+    reconstruct_file(scan_file, out, _config())
+    assert read_result(out).config["resumed"] == []
+
+
+def test_code_fingerprint_follows_the_source(tmp_path, monkeypatch):
+    pkg = tmp_path / "ctuq"
+    (pkg / "recon").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(checkpoint, "__file__", str(pkg / "recon" / "checkpoint.py"))
+    fingerprint = checkpoint.code_fingerprint.__wrapped__
+    before = fingerprint()
+    (pkg / "README.txt").write_text("not code")
+    assert fingerprint() == before
+    (pkg / "a.py").write_text("x = 2\n")
+    assert fingerprint() != before
 
 
 def test_checkpoint_files_ignore_damage_and_keep_user_files(tmp_path):

@@ -13,13 +13,15 @@ file is written.
 
 The files are Python pickles (``torch.save``): load only folders that ctuq
 wrote for you. A file whose key (a hash of the slice's data, geometry,
-settings and the ctuq and torch versions) does not match is ignored and
-overwritten, so changed settings never resume from stale work.
+settings, the torch version and ctuq's own source code) does not match is
+ignored and overwritten, so changed settings or changed code never resume
+from stale work.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -123,8 +125,24 @@ class StageCheckpoints:
             log.info("kept %s (%s)", self.folder, err)
 
 
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A hash of ctuq's installed source (every ``.py`` and ``.json`` file).
+
+    The version number alone would let a development checkout resume stages
+    that older code computed; any edit of the package changes this hash.
+    """
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".json") and path.is_file():
+            h.update(path.relative_to(root).as_posix().encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def stage_key(data, geometry, config) -> str:
-    """The hash that a checkpoint must match: data, geometry, settings, versions.
+    """The hash that a checkpoint must match: data, geometry, settings, code.
 
     Parameters
     ----------
@@ -141,7 +159,8 @@ def stage_key(data, geometry, config) -> str:
     h.update(f"{arr.dtype.str}{arr.shape}".encode())
     h.update(arr.tobytes())
     h.update(json.dumps({"geometry": geometry.to_dict(), "settings": settings,
-                         "ctuq": ctuq.__version__, "torch": torch.__version__},
+                         "ctuq": ctuq.__version__, "code": code_fingerprint(),
+                         "torch": torch.__version__},
                         sort_keys=True, default=str).encode())
     return h.hexdigest()
 
