@@ -63,6 +63,7 @@ from ctuq.recon.config import LAPLACE_ONLY, ReconstructionConfig, UncertaintyCon
 from ctuq.recon.dip import fit_dip, resolve_device
 from ctuq.progress import check_cancel, emit_progress
 from ctuq.recon.posterior_handle import Posterior
+from ctuq.recon.allocator import give_back_memory, keep_freed_memory
 from ctuq.recon.provenance import provenance, torch_threads
 
 log = logging.getLogger(__name__)
@@ -228,11 +229,16 @@ def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, can
     check_memory(sinogram.geometry.image_shape, config)
     slices = list(sinogram.slices()) if sinogram.is_stack else [sinogram]
     outs = []
-    with torch_threads(config.threads) as threads:
-        for i, sl in enumerate(slices):
-            check_cancel(cancel, "reconstruction")
-            outs.append(_reconstruct_slice(sl, config, _slice_progress(progress, i, len(slices)),
-                                           cancel, _Stages(ckpt, i, sl, config)))
+    keep_freed_memory()  # 2.6x faster Jacobian products at 512² on CPU (allocator.py)
+    try:
+        with torch_threads(config.threads) as threads:
+            for i, sl in enumerate(slices):
+                check_cancel(cancel, "reconstruction")
+                outs.append(_reconstruct_slice(
+                    sl, config, _slice_progress(progress, i, len(slices)), cancel,
+                    _Stages(ckpt, i, sl, config)))
+    finally:
+        give_back_memory()
     first = outs[0]
     stack = (lambda key: np.stack([o[key] for o in outs])) if sinogram.is_stack else (
         lambda key: first[key])

@@ -1,5 +1,8 @@
 """What a result records about how it was made: library versions, threads, device.
 
+It also names the memory allocator's setting (:mod:`ctuq.recon.allocator`),
+which changes the speed, never the numbers.
+
 Bit-identical numbers need the same library versions, the same device and
 the same torch thread count (floating-point sums are split differently over
 threads: 1- and 2-thread std maps differed by up to 8.6e-5 in issue 25).
@@ -50,8 +53,11 @@ def provenance(*, device, threads: int, request: dict | None = None,
     run_id : str, optional
         The batch run that wrote the result.
     """
+    from ctuq.recon.allocator import allocator_setting
+
     out = {"versions": library_versions(), "threads": int(threads), "device": str(device),
-           "machine": platform.machine(), "system": platform.system()}
+           "machine": platform.machine(), "system": platform.system(),
+           "allocator": allocator_setting()}
     if request is not None:
         out["request"] = request
     if run_id is not None:
