@@ -25,10 +25,16 @@ ellipse phantom of the test split, 5 % noise):
 - peak resident memory (RSS, sampled every 5 ms) per stage (``STAGES``), and
   on CUDA the peak allocated GPU memory.
 
+Each size runs twice (``--allocator both``, the default): with ctuq's
+allocator setting (``ctuq.recon.allocator.keep_freed_memory``, what
+``ctuq.reconstruct`` does) and with glibc's default, each in its own
+process, so that the speed-up is a ratio measured in the same run.
+
 The network is the DIP after the few timed iterations (not converged: the
 costs do not depend on the fit). Summary: the log-log slope of each time
 against the pixel count (least squares over the sizes, and between the
-smallest and the largest), and the check ``time_per_sample_slope_at_most_1.1``.
+smallest and the largest) per allocator, the speed-up of ctuq's setting per
+size, and the check ``time_per_sample_slope_at_most_1.1`` (ctuq's setting).
 
 Usage::
 
@@ -95,12 +101,17 @@ def one_size(size: int, args) -> dict:
     from ctuq.recon.dip import DIPConfig, fit_dip
     from ctuq.recon.evidence import fit_posterior
 
+    from ctuq.recon.allocator import allocator_setting, keep_freed_memory
+
+    if args.one_allocator == "ctuq":
+        keep_freed_memory()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     mem = PeakRSS()
     out = {"size": size, "pixels": size * size, "angles": args.angles, "memory_mb": {},
-           "gpu_memory_mb": {}}
+           "gpu_memory_mb": {}, "allocator": args.one_allocator,
+           "allocator_setting": allocator_setting()}
 
     def stage(name, fn):
         mem.reset()
@@ -168,17 +179,36 @@ def slope(pixels, times) -> float | None:
     return float(np.polyfit(x[ok], np.log(t[ok]), 1)[0])
 
 
-def summarise(rows: list[dict]) -> dict:
-    keys = ("dip_iteration_s", "jacobian_pair_s", "posterior_sample_s", "cg_iteration_s",
-            "sketch_s", "em_step_s", "peak_memory_mb")
+KEYS = ("dip_iteration_s", "jacobian_pair_s", "posterior_sample_s", "cg_iteration_s",
+        "sketch_s", "em_step_s", "peak_memory_mb")
+
+
+def _slopes(rows: list[dict]) -> dict:
     px = [r["pixels"] for r in rows]
     out = {}
-    for k in keys:
+    for k in KEYS:
         t = [r.get(k) for r in rows]
         out[k] = {"slope_least_squares": slope(px, t),
                   "slope_endpoints": slope([px[0], px[-1]], [t[0], t[-1]])
                   if len(rows) > 1 else None}
-    s = out["posterior_sample_s"]["slope_least_squares"]
+    return out
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Slopes per allocator, ctuq's speed-up per size, and the issue's check."""
+    by = {a: [r for r in rows if r["allocator"] == a] for a in ("ctuq", "system")}
+    out = {f"slopes_{a}": _slopes(rs) for a, rs in by.items() if rs}
+    if by["ctuq"] and by["system"]:
+        system = {r["size"]: r for r in by["system"]}
+        out["speedup_ctuq_over_system"] = {
+            str(r["size"]): {k: system[r["size"]][k] / r[k] for k in KEYS
+                             if k != "peak_memory_mb" and r.get(k) and system[r["size"]].get(k)}
+            for r in by["ctuq"] if r["size"] in system}
+        out["peak_memory_ratio_ctuq_over_system"] = {
+            str(r["size"]): r["peak_memory_mb"] / system[r["size"]]["peak_memory_mb"]
+            for r in by["ctuq"] if r["size"] in system}
+    main = out.get("slopes_ctuq") or out.get("slopes_system")
+    s = main["posterior_sample_s"]["slope_least_squares"]
     out["time_per_sample_slope_at_most_1.1"] = None if s is None else s <= 1.1
     return out
 
@@ -195,7 +225,10 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--quick", action="store_true",
                     help="sizes 32, 64; 3 iterations, rank 10, 3 CG iterations")
+    ap.add_argument("--allocator", default="both", choices=("both", "ctuq", "system"),
+                    help="ctuq's allocator setting, glibc's default, or both (default)")
     ap.add_argument("--one-size", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--one-allocator", default="ctuq", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
         args.dip_iters, args.rank, args.cg_iters = 3, 10, 3
@@ -208,18 +241,25 @@ def main(argv=None) -> int:
     from bench_sampling import _machine
     import torch
 
+    allocators = ("ctuq", "system") if args.allocator == "both" else (args.allocator,)
+    # glibc's default must really be the default in the "system" child
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     rows, t0 = [], time.perf_counter()
     for size in [int(s) for s in args.sizes.split(",")]:
-        cmd = [sys.executable, __file__, "--one-size", str(size)] + [
-            a for a in (argv if argv is not None else sys.argv[1:])]
-        cmd += ["--dip-iters", str(args.dip_iters), "--rank", str(args.rank),
-                "--cg-iters", str(args.cg_iters)]
-        print(f"bench_scaling: {size}² ...", file=sys.stderr, flush=True)
-        res = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
-        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
-        print(f"bench_scaling: {size}²: DIP it {rows[-1]['dip_iteration_s']:.3f} s, sample "
-              f"{rows[-1]['posterior_sample_s']:.3f} s, peak {rows[-1]['peak_memory_mb']:.0f} MB",
-              file=sys.stderr, flush=True)
+        for allocator in allocators:
+            cmd = [sys.executable, __file__, "--one-size", str(size),
+                   "--one-allocator", allocator] + [
+                a for a in (argv if argv is not None else sys.argv[1:])]
+            cmd += ["--dip-iters", str(args.dip_iters), "--rank", str(args.rank),
+                    "--cg-iters", str(args.cg_iters)]
+            print(f"bench_scaling: {size}², allocator {allocator} ...", file=sys.stderr,
+                  flush=True)
+            res = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)
+            rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+            print(f"bench_scaling: {size}² ({allocator}): DIP it "
+                  f"{rows[-1]['dip_iteration_s']:.3f} s, sample "
+                  f"{rows[-1]['posterior_sample_s']:.3f} s, "
+                  f"peak {rows[-1]['peak_memory_mb']:.0f} MB", file=sys.stderr, flush=True)
     doc = {"script": "scripts/bench_scaling.py", "argv": sys.argv[1:] if argv is None else argv,
            "device": args.device, "threads": args.threads, "angles": args.angles,
            "work_per_sample": {"rank": args.rank, "cg_iterations": args.cg_iters,

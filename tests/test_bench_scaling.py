@@ -32,7 +32,11 @@ def test_quick_run_measures_every_stage():
     out = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--sizes", "32"],
                          stdout=subprocess.PIPE, text=True, check=True, timeout=300)
     doc = json.loads(out.stdout)
-    (row,) = doc["sizes"]
+    row, system = doc["sizes"]  # ctuq's allocator setting, then glibc's default
+    assert (row["allocator"], system["allocator"]) == ("ctuq", "system")
+    assert system["allocator_setting"] == "unset"   # the baseline child never called it
+    ratios = doc["summary"]["speedup_ctuq_over_system"]["32"]
+    assert all(np.isfinite(v) and v > 0 for v in ratios.values())
     for key in ("operator_s", "dip_iteration_s", "jacobian_pair_s", "posterior_sample_s",
                 "em_step_s", "sketch_s", "fit_posterior_s", "peak_memory_mb"):
         assert np.isfinite(row[key]) and row[key] > 0, key
