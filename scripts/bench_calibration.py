@@ -482,6 +482,9 @@ def main(argv=None):
                          "planned and are summarised where done")
     ap.add_argument("--only-done", action="store_true",
                     help="run nothing: summarise the cases already in --partial")
+    ap.add_argument("--all-done", action="store_true",
+                    help="run nothing: summarise every case in --partial, whichever "
+                         "--per-family or --conditions made it")
     ap.add_argument("--predcp", default="both", choices=("both", "off", "on"),
                     help="which TV-PredCP variants of the posterior methods to run")
     ap.add_argument("--jobs", type=int, default=1)
@@ -511,6 +514,11 @@ def main(argv=None):
     if args.only_done:  # summarise an interrupted run as it stands
         done = read_cases(args.partial, "id")
         cases = [c for c in cases if c["id"] in done]
+    if args.all_done:  # runs made with other plans: every case they finished
+        cases = [{k: r[k] for k in ("id", "split", "family", "index", "size", "n_angles",
+                                    "noise", "condition")}
+                 for r in read_cases(args.partial, "id").values()]
+        args.only_done = True
     if args.limit is not None:  # in the list's order, sizes as given
         order = {s: k for k, s in enumerate(args.sizes)}
         cases = sorted(cases, key=lambda c: order[c["size"]])[:args.limit]
@@ -522,7 +530,8 @@ def main(argv=None):
     rescore(results, args)
     default = default_method()
     doc = {"split": args.split, "sizes": args.sizes, "per_family": args.per_family,
-           "cases_run": len(results), "cases_planned": len(case_list(args)),
+           "cases_run": len(results),
+           "cases_planned": len(results) if args.all_done else len(case_list(args)),
            "conditions": args.conditions, "predcp_variants": list(args.predcp_variants),
            "default": default, "calibration": _repo_relative(args.calibration),
            "jobs": args.jobs,
