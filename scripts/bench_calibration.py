@@ -518,7 +518,6 @@ def main(argv=None):
         cases = [{k: r[k] for k in ("id", "split", "family", "index", "size", "n_angles",
                                     "noise", "condition")}
                  for r in read_cases(args.partial, "id").values()]
-        args.only_done = True
     if args.limit is not None:  # in the list's order, sizes as given
         order = {s: k for k, s in enumerate(args.sizes)}
         cases = sorted(cases, key=lambda c: order[c["size"]])[:args.limit]
@@ -526,7 +525,7 @@ def main(argv=None):
     results = run_resumable(cases, args.partial, functools.partial(run_case, args=args),
                             args.jobs, functools.partial(_worker, args=args),
                             complete=(lambda r: "ivon" in r["methods"])
-                            if args.ivon and not args.only_done else None)
+                            if args.ivon and not (args.only_done or args.all_done) else None)
     rescore(results, args)
     default = default_method()
     doc = {"split": args.split, "sizes": args.sizes, "per_family": args.per_family,

@@ -16,6 +16,8 @@ import contextlib
 import importlib.metadata
 import platform
 
+from ctuq.recon.allocator import allocator_setting
+
 #: Distribution names whose versions are recorded.
 PACKAGES = {"ctuq": "ctuq", "torch": "torch", "numpy": "numpy", "scipy": "scipy",
             "h5py": "h5py", "astra": "astra-toolbox", "odl": "odl"}
@@ -53,8 +55,6 @@ def provenance(*, device, threads: int, request: dict | None = None,
     run_id : str, optional
         The batch run that wrote the result.
     """
-    from ctuq.recon.allocator import allocator_setting
-
     out = {"versions": library_versions(), "threads": int(threads), "device": str(device),
            "machine": platform.machine(), "system": platform.system(),
            "allocator": allocator_setting()}
