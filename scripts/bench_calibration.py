@@ -20,7 +20,11 @@ same DIP+TV fit (the size's preset, default settings):
 - ``mc_dropout``: MC-dropout DIP (p = 0.05, ``--mc-samples`` passes);
 - ``posterior`` / ``posterior_predcp``: ctuq's linearised posterior alone,
   without / with TV-PredCP (the EM's MAP-II);
-- ``heldout`` / ``heldout_predcp``: + the model error from held-out projections;
+- ``heldout`` / ``heldout_predcp``: + the model error from held-out projections,
+  its coefficients the maximum a posteriori under the preset's calibrated prior
+  (``uncertainty.heldout_prior_width``; maximum likelihood where ctuq ships no
+  calibration for the preset);
+- ``heldout_mle`` / ``heldout_mle_predcp``: the same without the prior;
 - ``calibrated`` / ``calibrated_predcp``: + the model error from the
   preset's calibration file (``--calibration DIR``: ``<preset>.json``, made by
   ``ctuq calibrate`` on the tuning split);
@@ -73,10 +77,13 @@ log = logging.getLogger("bench_calibration")
 
 CONDITIONS = {64: [(30, 0.01), (30, 0.05), (60, 0.01), (60, 0.05)],
               128: [(60, 0.01), (60, 0.05)], 28: [(20, 0.05)]}
-POSTERIOR_METHODS = ("posterior", "heldout", "calibrated", "conformal")
+POSTERIOR_METHODS = ("posterior", "heldout", "heldout_mle", "calibrated", "conformal")
 LABELS = {"fbp": "FBP, residual variance", "mc_dropout": "MC-dropout DIP",
-          "ivon": "IVON-DIP", "ivon_heldout": "IVON-DIP + held-out model error",
-          "posterior": "ctuq posterior only", "heldout": "ctuq + held-out model error",
+          "ivon": "IVON-DIP", "ivon_heldout": "IVON-DIP + held-out model error (maximum likelihood)",
+          "posterior": "ctuq posterior only",
+          "heldout": "ctuq + held-out model error (the default: its coefficients under the "
+                     "preset's calibrated prior where ctuq ships one, else maximum likelihood)",
+          "heldout_mle": "ctuq + held-out model error, maximum likelihood (no prior)",
           "calibrated": "ctuq + calibrated model error",
           "conformal": "ctuq posterior × conformal factor"}
 LEVELS = tuple(np.round(np.linspace(0.05, 0.95, 19), 2))
@@ -157,7 +164,7 @@ def run_case(case: dict, args, previous: dict | None = None) -> dict:
     from ctuq.recon import model_error as me
     from ctuq.recon.baselines import fbp_variance
     from ctuq.recon.mc_dropout import fit_mc_dropout
-    from ctuq.recon.pipeline import posterior_uncertainty
+    from ctuq.recon.pipeline import heldout_prior, posterior_uncertainty
 
     if previous is not None:
         return add_ivon(previous, args)
@@ -195,13 +202,19 @@ def run_case(case: dict, args, previous: dict | None = None) -> dict:
         m["posterior" + suffix] = {**score(truth, x_hat, var_post.sqrt()),
                                    "g": u["posterior"].hyperparameters()["a_b"][0]}
         t0 = time.perf_counter()
-        co = me.fit_heldout(op, y, mask, dip_in.reconstruction.detach().cpu(), var_post,
-                            sigma**2)
+        lik = me.heldout_likelihood(op, y, mask, dip_in.reconstruction.detach().cpu(), var_post,
+                                    sigma**2)
+        arrays.update({f"heldout{suffix}_{k}": v for k, v in lik.arrays().items()})
+        mle = lik.fit()
+        prior, _ = heldout_prior(unc, preset)  # what ctuq reconstruct does by default
+        co = lik.fit(prior, unc.heldout_prior_width) if prior is not None else mle
         times["heldout" + suffix] = times["posterior" + suffix] + times["heldout_fit"] + (
             time.perf_counter() - t0)
-        out["coefficients"]["heldout" + suffix] = {"t0": co.t0, "s1": co.s1}
-        m["heldout" + suffix] = score(truth, x_hat, (var_post + co.variance(x_hat, var_post))
-                                      .sqrt())
+        times["heldout_mle" + suffix] = times["heldout" + suffix]
+        for name, fitted in (("heldout", co), ("heldout_mle", mle)):
+            out["coefficients"][name + suffix] = {"t0": fitted.t0, "s1": fitted.s1}
+            m[name + suffix] = score(truth, x_hat, (var_post + fitted.variance(x_hat, var_post))
+                                     .sqrt())
         if calibration is not None:
             m.update(calibrated_scores(truth, x_hat, var_post, calibration, suffix))
             times["calibrated" + suffix] = times["conformal" + suffix] = \
@@ -462,6 +475,43 @@ def write_docs(doc: dict, folder: Path) -> None:
     (folder / "calibration.md").write_text("\n".join(lines) + "\n")
 
 
+def carry_methods(results: list[dict], path) -> None:
+    """Copy the methods a result lacks from the same case's row in an earlier run.
+
+    For methods this run skipped (``--no-mc-dropout``, no ``--ivon``) whose
+    fits do not depend on what changed: the row names them in ``carried``.
+    """
+    earlier = {r["id"]: r for r in read_case_file(path)}
+    for r in results:
+        old = earlier.get(r["id"])
+        if old is None:
+            continue
+        names = [k for k in old["methods"] if k not in r["methods"]]
+        for k in names:
+            r["methods"][k] = old["methods"][k]
+            if k in old.get("times_s", {}):
+                r["times_s"][k] = old["times_s"][k]
+            if k in old.get("coefficients", {}):
+                r["coefficients"][k] = old["coefficients"][k]
+        if names:
+            r["carried"] = {"from": _repo_relative(str(path)), "methods": names}
+
+
+def _case_spec(row: dict) -> dict:
+    """The planning fields of a result row (what :func:`case_list` makes)."""
+    return {k: row[k] for k in ("id", "split", "family", "index", "size", "n_angles", "noise",
+                                "condition")}
+
+
+def read_case_file(path) -> list[dict]:
+    """The result rows of a benchmark document (``"cases"``) or of a ``--partial`` file."""
+    text = Path(path).read_text()
+    try:
+        return json.loads(text)["cases"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return list(read_cases(path, "id").values())
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", default="test", choices=("tuning", "validation", "test"))
@@ -485,6 +535,13 @@ def main(argv=None):
     ap.add_argument("--all-done", action="store_true",
                     help="run nothing: summarise every case in --partial, whichever "
                          "--per-family or --conditions made it")
+    ap.add_argument("--cases-from", default=None,
+                    help="run exactly the cases of this benchmark document or --partial "
+                         "file (rerun a published benchmark's images with new code), of "
+                         "the sizes in --sizes and the --conditions, if given")
+    ap.add_argument("--carry", default=None,
+                    help="copy the methods this run skips (e.g. mc_dropout, ivon) from the "
+                         "same cases of this earlier document or --partial file")
     ap.add_argument("--predcp", default="both", choices=("both", "off", "on"),
                     help="which TV-PredCP variants of the posterior methods to run")
     ap.add_argument("--jobs", type=int, default=1)
@@ -515,9 +572,11 @@ def main(argv=None):
         done = read_cases(args.partial, "id")
         cases = [c for c in cases if c["id"] in done]
     if args.all_done:  # runs made with other plans: every case they finished
-        cases = [{k: r[k] for k in ("id", "split", "family", "index", "size", "n_angles",
-                                    "noise", "condition")}
-                 for r in read_cases(args.partial, "id").values()]
+        cases = [_case_spec(r) for r in read_cases(args.partial, "id").values()]
+    if args.cases_from:  # the cases of an earlier run, whichever plans made them
+        cases = [_case_spec(r) for r in read_case_file(args.cases_from)
+                 if r["size"] in args.sizes and (not args.conditions or (
+                     r["n_angles"], r["noise"]) in args.conditions)]
     if args.limit is not None:  # in the list's order, sizes as given
         order = {s: k for k, s in enumerate(args.sizes)}
         cases = sorted(cases, key=lambda c: order[c["size"]])[:args.limit]
@@ -527,10 +586,13 @@ def main(argv=None):
                             complete=(lambda r: "ivon" in r["methods"])
                             if args.ivon and not (args.only_done or args.all_done) else None)
     rescore(results, args)
+    if args.carry:
+        carry_methods(results, args.carry)
     default = default_method()
     doc = {"split": args.split, "sizes": args.sizes, "per_family": args.per_family,
            "cases_run": len(results),
-           "cases_planned": len(results) if args.all_done else len(case_list(args)),
+           "cases_planned": len(results) if args.all_done or args.cases_from
+           else len(case_list(args)),
            "conditions": args.conditions, "predcp_variants": list(args.predcp_variants),
            "default": default, "calibration": _repo_relative(args.calibration),
            "jobs": args.jobs,

@@ -50,27 +50,80 @@ def test_fit_to_truth_finds_no_model_error_when_there_is_none():
     assert c.t0 < 0.2 and c.s1 < 0.01
 
 
-def test_fit_heldout_recovers_known_coefficients_from_projections_alone():
-    # x̂_in is the "fit"; the truth differs from it by the modelled δ; the
-    # held-out projections of the truth are all the fit sees
-    size, t0, s1 = 32, 3.0, 0.25
+HELDOUT_T0, HELDOUT_S1 = 3.0, 0.25
+
+
+def _heldout_likelihoods(sigma, reps, max_rows=700):
+    """Held-out likelihoods of truths that differ from the fit x̂_in by the modelled δ.
+
+    x̂_in is the "fit"; the held-out projections of the truth (noise ``sigma``)
+    are all the fit sees.
+    """
+    size = 32
     gen = np.random.default_rng(3)
     x_in = ellipses(size, seed=7).astype(np.float64)
     vp = np.full(x_in.shape, 1e-4)
-    var = vp + me.model_error_variance(x_in, vp, t0, s1).numpy()
+    var = vp + me.model_error_variance(x_in, vp, HELDOUT_T0, HELDOUT_S1).numpy()
     op = RayTransform(Geometry.parallel(size, n_angles=90), backend="matrix")
-    sigma = 1e-3
-    estimates = []
-    for rep in range(4):
+    out = me.heldout_split(90, 3)
+    for rep in range(reps):
         truth = x_in + gen.standard_normal(x_in.shape) * np.sqrt(var)
         y = op(torch.as_tensor(truth, dtype=torch.float32)).double()
         y = y + sigma * torch.as_tensor(gen.standard_normal(tuple(y.shape)))
-        out = me.heldout_split(90, 3)
-        c = me.fit_heldout(op, y, out, x_in, vp, sigma**2, max_rows=700, seed=rep)
+        yield me.heldout_likelihood(op, y, out, x_in, vp, sigma**2, max_rows=max_rows, seed=rep)
+
+
+def test_fit_heldout_recovers_known_coefficients_from_projections_alone():
+    estimates = []
+    for lik in _heldout_likelihoods(1e-3, 4):
+        c = lik.fit()
         estimates.append((c.t0, c.s1))
         assert c.info["nll_per_measurement"] < c.info["nll_without_model_error"]
     t0_hat, s1_hat = np.mean(estimates, 0)
-    assert t0_hat == pytest.approx(t0, rel=0.15) and s1_hat == pytest.approx(s1, rel=0.15)
+    assert t0_hat == pytest.approx(HELDOUT_T0, rel=0.15)
+    assert s1_hat == pytest.approx(HELDOUT_S1, rel=0.15)
+
+
+def test_heldout_prior_fades_where_the_projections_see_the_model_error():
+    # a prior centred 3x off on both coefficients barely moves an informative fit
+    prior = me.ModelErrorCoefficients(HELDOUT_T0 / 3, HELDOUT_S1 * 3, "calibrated")
+    estimates = []
+    for lik in _heldout_likelihoods(1e-3, 4):
+        c = lik.fit(prior, prior_width=1.0)
+        assert c.info["prior"] == {"t0": prior.t0, "s1": prior.s1, "width": 1.0}
+        assert c.info["mle"]["t0"] == pytest.approx(lik.fit().t0)
+        estimates.append((c.t0, c.s1))
+    t0_hat, s1_hat = np.mean(estimates, 0)
+    assert t0_hat == pytest.approx(HELDOUT_T0, rel=0.2)
+    assert s1_hat == pytest.approx(HELDOUT_S1, rel=0.2)
+
+
+def test_heldout_prior_carries_the_fit_where_the_projections_cannot_see_it():
+    # noise 3000x larger: the model error is a vanishing part of the held-out variance
+    lik = next(_heldout_likelihoods(3.0, 1, max_rows=300))
+    prior = me.ModelErrorCoefficients(1.5, 0.1, "calibrated")
+    assert lik.nll(math.log(1.5), math.log(0.1)) == pytest.approx(
+        lik.nll(math.log(1e-8), math.log(1e-8)), abs=2e-3)  # flat: the data cannot tell
+    c = lik.fit(prior, prior_width=0.5)
+    assert abs(math.log(c.t0 / prior.t0)) < 0.25 and abs(math.log(c.s1 / prior.s1)) < 0.25
+    # a narrower prior holds the coefficients closer to its centre
+    tight = lik.fit(prior, prior_width=0.05)
+    assert abs(math.log(tight.t0 / prior.t0)) <= abs(math.log(c.t0 / prior.t0)) + 1e-3
+    # a zero (or negligible) coefficient in the calibration puts no prior on it
+    for s1 in (0.0, 1e-6):
+        free = lik.fit(me.ModelErrorCoefficients(1.5, s1, "calibrated"), prior_width=0.5)
+        assert free.s1 == pytest.approx(free.info["mle"]["s1"], rel=0.05, abs=1e-6)
+
+
+def test_heldout_likelihood_round_trips_through_its_arrays(tmp_path):
+    lik = next(_heldout_likelihoods(1e-3, 1, max_rows=200))
+    np.savez(tmp_path / "lik.npz", **lik.arrays())
+    back = me.HeldoutLikelihood.from_arrays(np.load(tmp_path / "lik.npz"))
+    assert back.heldout_angles == lik.heldout_angles == 30
+    for p in ((0.0, -1.0), (1.0, -2.0)):
+        assert back.nll(*p) == lik.nll(*p)
+    with pytest.raises(InputError, match="heldout_prior_width"):
+        lik.fit(me.ModelErrorCoefficients(1.0, 0.1), prior_width=0.0)
 
 
 def test_conformal_scale_gives_its_coverage_on_exchangeable_data():
@@ -132,3 +185,33 @@ def test_heldout_fit_never_sees_the_left_out_projections():
     y2[torch.as_tensor(mask)] += 10.0  # change only what is left out
     _, dip2 = me.heldout_fit(y2, op, cfg, every=4, noise_std=0.05)
     assert torch.equal(dip.reconstruction, dip2.reconstruction)
+
+
+def test_shipped_calibrations_load_and_say_what_they_were_fitted_on():
+    files = sorted(me.DEFAULTS_DIR.glob("*.json"))
+    for path in files:
+        c = me.shipped_coefficients(path.stem)
+        assert c == me.ModelErrorCoefficients.load(path) and c.method == "calibrated"
+        assert c.info["preset"] == path.stem and c.info["split"] == "tuning"
+        assert c.t0 > 0 and c.conformal >= 1.0
+    assert me.shipped_coefficients("no-such-preset") is None
+    with pytest.raises(InputError, match="ctuq calibrate --size"):
+        me.coefficients_for("no-such-preset")
+
+
+def test_heldout_gradient_matches_finite_differences_and_the_search_finds_the_optimum():
+    from scipy.optimize import minimize
+
+    lik = next(_heldout_likelihoods(3e-3, 1, max_rows=250))
+    v = np.array([4.0, 0.05])
+    _, grad = lik._total_nll_and_grad(v)
+    h = 1e-6
+    fd = [(lik._total_nll_and_grad(v + h * e)[0] - lik._total_nll_and_grad(v - h * e)[0])
+          / (2 * h) for e in np.eye(2)]
+    np.testing.assert_allclose(grad, fd, rtol=1e-4)
+    # the gradient search reaches the optimum of an independent derivative-free search
+    c = lik.fit()
+    nm = minimize(lambda p: lik.nll(*p), np.array([0.0, math.log(0.3)]), method="Nelder-Mead",
+                  options={"xatol": 1e-4, "fatol": 1e-12, "maxiter": 1000})
+    m = len(lik.r)
+    assert lik.nll(math.log(c.t0), math.log(c.s1)) * m <= nm.fun * m + 1e-4

@@ -98,3 +98,48 @@ def test_missing_calibration_is_one_clear_error(scan, tmp_path):
     with pytest.raises(InputError, match="no such model-error file"):
         ctuq.reconstruct(scan, _config(model_error="calibrated",
                                        model_error_file=str(tmp_path / "none.json")))
+
+
+def test_heldout_prior_comes_from_the_named_file_or_the_shipped_one(tmp_path, monkeypatch):
+    from ctuq.recon import model_error as me
+    from ctuq.recon.config import UncertaintyConfig
+    from ctuq.recon.pipeline import heldout_prior
+
+    path = ModelErrorCoefficients(2.0, 0.3, "calibrated").save(tmp_path / "c.json")
+    prior, source = heldout_prior(UncertaintyConfig(model_error_file=str(path)), "dip-64")
+    assert (prior.t0, prior.s1, source) == (2.0, 0.3, str(path))
+    monkeypatch.setattr(me, "DEFAULTS_DIR", tmp_path)
+    assert heldout_prior(UncertaintyConfig(), "dip-64") == (None, None)  # none shipped
+    ModelErrorCoefficients(1.0, 0.1, "calibrated").save(tmp_path / "dip-64.json")
+    prior, source = heldout_prior(UncertaintyConfig(), "dip-64")
+    assert (prior.t0, source) == (1.0, "shipped:dip-64")
+    assert heldout_prior(UncertaintyConfig(heldout_prior_width=0), "dip-64") == (None, None)
+    # IVON's std is not the one the shipped files were fitted with
+    assert heldout_prior(UncertaintyConfig(method="ivon"), "dip-64") == (None, None)
+    with pytest.raises(InputError, match="heldout_prior_width"):
+        UncertaintyConfig(heldout_prior_width=-1)
+
+
+def test_heldout_with_a_calibration_records_its_prior_and_the_likelihood_optimum(scan, tmp_path):
+    path = ModelErrorCoefficients(2.0, 0.3, "calibrated").save(tmp_path / "c.json")
+    r = ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4,
+                                       model_error_file=str(path), heldout_prior_width=0.5))
+    info = r.config["model_error"]["info"]
+    assert info["prior"] == {"t0": 2.0, "s1": 0.3, "width": 0.5, "from": str(path)}
+    assert set(info["mle"]) == {"t0", "s1"}
+    var_post = r.posterior_std.astype(np.float64) ** 2
+    me = r.config["model_error"]
+    want = me["t0"] ** 2 * var_post.mean() + me["s1"] ** 2 * edge_strength(
+        r.reconstruction).numpy() ** 2
+    np.testing.assert_allclose(r.model_error_std.astype(np.float64) ** 2, want, rtol=1e-3,
+                               atol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["heldout", "calibrated"])
+def test_a_missing_calibration_file_stops_the_run_before_any_fit(scan, tmp_path, method):
+    stages = []
+    with pytest.raises(InputError, match="no such model-error file"):
+        ctuq.reconstruct(scan, _config(model_error=method,
+                                       model_error_file=str(tmp_path / "none.json")),
+                         progress=lambda stage, *a: stages.append(stage))
+    assert "dip" not in stages

@@ -51,7 +51,8 @@ from torch import Tensor
 from ctuq.errors import InputError
 
 __all__ = ["METHODS", "ModelErrorCoefficients", "coefficients_for", "edge_strength", "model_error_variance",
-           "fit_to_truth", "fit_heldout", "heldout_fit", "heldout_split", "conformal_scale",
+           "fit_to_truth", "fit_heldout", "heldout_fit", "heldout_likelihood", "HeldoutLikelihood",
+           "heldout_split", "conformal_scale", "shipped_coefficients",
            "edge_mask"]
 
 METHODS = ("none", "heldout", "calibrated", "conformal")
@@ -60,6 +61,12 @@ FILE_FORMAT = "ctuq-model-error"
 
 #: Coefficients shipped per preset (``ctuq calibrate`` on the tuning split).
 DEFAULTS_DIR = Path(__file__).with_name("model_error_defaults")
+
+
+def shipped_coefficients(preset: str) -> "ModelErrorCoefficients | None":
+    """The calibration ctuq ships for ``preset`` (``model_error_defaults/<preset>.json``), or None."""
+    shipped = DEFAULTS_DIR / f"{preset}.json"
+    return ModelErrorCoefficients.load(shipped) if shipped.is_file() else None
 
 
 def coefficients_for(preset: str, path=None) -> "ModelErrorCoefficients":
@@ -72,13 +79,13 @@ def coefficients_for(preset: str, path=None) -> "ModelErrorCoefficients":
     """
     if path is not None:
         return ModelErrorCoefficients.load(path)
-    shipped = DEFAULTS_DIR / f"{preset}.json"
-    if not shipped.is_file():
+    shipped = shipped_coefficients(preset)
+    if shipped is None:
         raise InputError(f"ctuq ships no model-error calibration for preset {preset!r}: run "
-                         f"'ctuq calibrate --preset {preset} --out FILE' and set "
+                         "'ctuq calibrate --size SIDE --out FILE' (SIDE: the image side of the scans) and set "
                          "uncertainty.model_error_file = FILE, or use model_error = 'heldout'",
                          field="uncertainty.model_error_file")
-    return ModelErrorCoefficients.load(shipped)
+    return shipped
 
 
 def _img(x) -> Tensor:
@@ -262,6 +269,12 @@ def _positive_lbfgs(nll, init: list[float], max_iter: int = 200) -> Tensor:
 #: Starting point and floor of the fits, in log space: t0 = 1, s1 = 0.3.
 _INIT = (0.0, math.log(0.3))
 _LOG_MIN = math.log(1e-8)
+#: A calibrated coefficient below this carries no prior (1e-3: a term of at most
+#: 1e-6 of the posterior variance, or of the squared edge height).
+_NEGLIGIBLE = 1e-3
+#: Lower bound of the variances t0², s1² in the held-out search (a log-normal
+#: prior is infinite at 0); at or below it a coefficient is reported as 0.
+_VAR_MIN = 1e-16
 
 
 def fit_to_truth(truths, means, posterior_variances) -> ModelErrorCoefficients:
@@ -391,14 +404,150 @@ def _projection_rows(op, rows: np.ndarray, batch: int = 256):
     return sp.vstack(parts).tocsr()
 
 
-def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
-                max_rows: int = 2048, seed: int = 0) -> ModelErrorCoefficients:
-    """Coefficients from the likelihood of held-out projections (method ``'heldout'``).
+@dataclass(frozen=True)
+class HeldoutLikelihood:
+    """The Gaussian likelihood of held-out projections as a function of ``(t0, s1)``.
+
+    ``r ~ N(0, M_post + t0² M_const + s1² M_edge + σ² I)``, with ``r`` the
+    residuals of the held-out measurements and each ``M`` the Gram matrix
+    ``B diag(w) Bᵀ`` of their projection rows ``B`` (``w`` the posterior
+    variance, its mean, ``e(x̂_in)²``). Made by :func:`heldout_likelihood`;
+    the arrays are all a fit needs, so they can be stored and refitted.
+
+    Attributes
+    ----------
+    r : ndarray, shape (m,)
+    M_post, M_const, M_edge : ndarray, shape (m, m)
+    noise_var : float
+    heldout_angles : int
+    """
+
+    r: np.ndarray
+    M_post: np.ndarray
+    M_const: np.ndarray
+    M_edge: np.ndarray
+    noise_var: float
+    heldout_angles: int = 0
+
+    def nll(self, log_t0: float, log_s1: float) -> float:
+        """Negative log-likelihood per measurement (without ``log 2π / 2``); ``inf`` if not PD."""
+        lt0, ls1 = max(float(log_t0), _LOG_MIN), max(float(log_s1), _LOG_MIN)
+        M = (self.M_post + math.exp(2 * lt0) * self.M_const + math.exp(2 * ls1) * self.M_edge
+             + self.noise_var * np.eye(len(self.r)))
+        L, info = torch.linalg.cholesky_ex(torch.as_tensor(M))
+        if int(info) != 0:
+            return math.inf
+        r = torch.as_tensor(self.r)
+        a = torch.cholesky_solve(r[:, None], L)[:, 0]
+        return float(0.5 * (r @ a) + torch.log(torch.diagonal(L)).sum()) / len(self.r)
+
+    def _total_nll_and_grad(self, v) -> tuple[float, np.ndarray]:
+        """Summed negative log-likelihood and its gradient in the variances ``(t0², s1²)``.
+
+        ``∂/∂v_k = ½ (tr(M⁻¹ M_k) − αᵀ M_k α)`` with ``α = M⁻¹ r``. In the
+        variances (not their logarithms) the gradient does not vanish at 0,
+        so a search that reaches the boundary can leave it.
+        """
+        v = np.maximum(np.asarray(v, dtype=np.float64), 0.0)
+        M = torch.as_tensor(self.M_post + v[0] * self.M_const + v[1] * self.M_edge)
+        M.diagonal().add_(self.noise_var)
+        L, info = torch.linalg.cholesky_ex(M)
+        if int(info) != 0:
+            return 1e300, np.zeros(2)
+        r = torch.as_tensor(self.r)
+        alpha = torch.cholesky_solve(r[:, None], L)[:, 0]
+        total = float(0.5 * (r @ alpha) + torch.log(torch.diagonal(L)).sum())
+        inv = torch.cholesky_inverse(L)
+        grad = np.array([0.5 * (float((inv * Mk).sum()) - float(alpha @ (Mk @ alpha)))
+                         for Mk in (torch.as_tensor(self.M_const), torch.as_tensor(self.M_edge))])
+        return total, grad
+
+    def fit(self, prior: "ModelErrorCoefficients | None" = None, prior_width: float = 1.0, *,
+            mle: "ModelErrorCoefficients | None" = None) -> "ModelErrorCoefficients":
+        """Maximum likelihood, or maximum a posteriori under a log-normal prior.
+
+        Parameters
+        ----------
+        prior : ModelErrorCoefficients, optional
+            Centre of the prior: ``log t0 ~ N(log prior.t0, prior_width²)``
+            and the same for ``s1``. A coefficient below 1e-3 in ``prior``
+            (the calibration found no such term; a log-normal prior cannot
+            be centred on zero) gets no prior. Without ``prior``, the
+            maximum-likelihood estimate.
+        prior_width : float, optional
+            Standard deviation of the prior in natural-log units (> 0).
+            Default 1.0.
+        mle : ModelErrorCoefficients, optional
+            This likelihood's maximum-likelihood fit, when already made (it
+            is reported beside the prior's).
+
+        Returns
+        -------
+        ModelErrorCoefficients
+            ``method='heldout'``; ``info`` has the fit's details and, with a
+            prior, the maximum-likelihood values beside it (``'mle'``).
+        """
+        from scipy.optimize import minimize
+
+        m = len(self.r)
+        centre = None
+        if prior is not None:
+            if not (isinstance(prior_width, (int, float)) and prior_width > 0
+                    and math.isfinite(prior_width)):
+                raise InputError(f"must be a finite number > 0, got {prior_width!r}",
+                                 field="uncertainty.heldout_prior_width")
+            centre = [math.log(c) if c >= _NEGLIGIBLE else None for c in (prior.t0, prior.s1)]
+
+        def objective(v, with_prior: bool):
+            total, grad = self._total_nll_and_grad(v)
+            if with_prior:  # log-normal on t0 = √v0 and s1 = √v1
+                for k, c in enumerate(centre):
+                    if c is not None:
+                        z = (0.5 * math.log(v[k]) - c) / prior_width
+                        total += 0.5 * z * z
+                        grad[k] += z / prior_width * 0.5 / v[k]
+            return total, grad
+
+        def search(with_prior: bool):
+            # exact gradients (a Cholesky and its inverse per evaluation): L-BFGS-B needs
+            # ~20 evaluations where a derivative-free search needed ~200
+            best = minimize(objective, np.exp(2 * np.array(_INIT)), args=(with_prior,),
+                            jac=True, method="L-BFGS-B", bounds=[(_VAR_MIN, 1e8)] * 2,
+                            options={"ftol": 1e-13, "gtol": 1e-8, "maxiter": 500})
+            coeffs = [float(math.sqrt(v)) if v > _VAR_MIN else 0.0 for v in best.x]
+            return coeffs, [math.log(c) if c > 0 else _LOG_MIN - 1.0 for c in coeffs]
+
+        (t0, s1), x = search(centre is not None)
+        info = {"heldout_angles": int(self.heldout_angles), "measurements": int(m),
+                "nll_per_measurement": self.nll(*x),
+                "nll_without_model_error": self.nll(_LOG_MIN - 1.0, _LOG_MIN - 1.0)}
+        if centre is not None:
+            (t0_ml, s1_ml), _ = search(False) if mle is None else ((mle.t0, mle.s1), None)
+            info.update(prior={"t0": prior.t0, "s1": prior.s1, "width": float(prior_width)},
+                        mle={"t0": t0_ml, "s1": s1_ml})
+        return ModelErrorCoefficients(t0, s1, "heldout", info=info)
+
+    def arrays(self) -> dict:
+        """The fields as numpy arrays (for ``np.savez``); :meth:`from_arrays` reads them."""
+        return {"r": self.r, "M_post": self.M_post, "M_const": self.M_const,
+                "M_edge": self.M_edge, "noise_var": np.float64(self.noise_var),
+                "heldout_angles": np.int64(self.heldout_angles)}
+
+    @classmethod
+    def from_arrays(cls, arrays) -> "HeldoutLikelihood":
+        return cls(*(np.asarray(arrays[k], np.float64) for k in ("r", "M_post", "M_const",
+                                                                  "M_edge")),
+                   float(arrays["noise_var"]), int(arrays["heldout_angles"]))
+
+
+def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
+                       max_rows: int = 2048, seed: int = 0) -> HeldoutLikelihood:
+    """The likelihood of the held-out projections given ``(t0, s1)``.
 
     The left-out measurements ``y_out`` of a DIP fit ``x̂_in`` on the other
     angles are modelled as ``N(A_out x̂_in, A_out V A_outᵀ + σ² I)`` with
-    ``V = diag(var_post + s0² + s1² e(x̂_in)²)``; ``(t0, s1)`` maximise that
-    likelihood (exact, by a Cholesky factor per evaluation).
+    ``V = diag(var_post + s0² + s1² e(x̂_in)²)`` (exact, by a Cholesky factor
+    per evaluation).
 
     Parameters
     ----------
@@ -423,8 +572,7 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
 
     Returns
     -------
-    ModelErrorCoefficients
-        With ``method='heldout'`` and the fit's details in ``info``.
+    HeldoutLikelihood
     """
     y = torch.as_tensor(y).reshape(op.range_shape)
     out_mask = np.asarray(out_mask, dtype=bool)
@@ -440,36 +588,46 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
     if len(keep) < 8:
         raise InputError("too few held-out measurements see the image", field="heldout_every")
     B = B[keep]
-    r = torch.as_tensor(r_all[rows[keep]])
     vp = _img(posterior_variance).reshape(-1).numpy()
     e2 = edge_strength(x_hat_in).square().reshape(-1).numpy()
 
     def gram(w):
-        return torch.as_tensor((B.multiply(w[None]) @ B.T).toarray(), dtype=torch.float64)
+        return np.asarray((B.multiply(w[None]) @ B.T).toarray(), dtype=np.float64)
 
-    M_post, M_const, M_edge = gram(vp), gram(np.ones_like(vp) * float(vp.mean())), gram(e2)
-    eye = torch.eye(len(keep), dtype=torch.float64) * float(noise_var)
+    return HeldoutLikelihood(r_all[rows[keep]], gram(vp), gram(np.full_like(vp, vp.mean())),
+                             gram(e2), float(noise_var), int(out_mask.sum()))
 
-    def nll(p) -> float:
-        # one Cholesky per evaluation; derivative-free search (autograd through the
-        # factorisation costs ~20x an evaluation, and there are only two parameters)
-        lp = np.maximum(np.asarray(p, dtype=np.float64), _LOG_MIN)
-        M = M_post + math.exp(2 * lp[0]) * M_const + math.exp(2 * lp[1]) * M_edge + eye
-        L, info = torch.linalg.cholesky_ex(M)
-        if int(info) != 0:
-            return math.inf
-        a = torch.cholesky_solve(r[:, None], L)[:, 0]
-        return float(0.5 * (r @ a) + torch.log(torch.diagonal(L)).sum()) / len(keep)
 
-    from scipy.optimize import minimize
+def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
+                max_rows: int = 2048, seed: int = 0, prior: ModelErrorCoefficients | None = None,
+                prior_width: float = 1.0) -> ModelErrorCoefficients:
+    """Coefficients from the likelihood of held-out projections (method ``'heldout'``).
 
-    best = minimize(nll, np.array(_INIT), method="Nelder-Mead",
-                    options={"xatol": 1e-3, "fatol": 1e-9, "maxiter": 400})
-    t0, s1 = (float(math.exp(v)) if v > _LOG_MIN else 0.0 for v in best.x)
-    return ModelErrorCoefficients(t0, s1, "heldout", info={
-        "heldout_angles": int(out_mask.sum()), "measurements": int(len(keep)),
-        "nll_per_measurement": float(best.fun),
-        "nll_without_model_error": nll([_LOG_MIN - 1.0, _LOG_MIN - 1.0])})
+    :func:`heldout_likelihood` followed by :meth:`HeldoutLikelihood.fit`:
+    the maximum-likelihood ``(t0, s1)``, or with ``prior`` (a calibration
+    of the preset, :func:`coefficients_for`) the maximum a posteriori under
+    a log-normal prior of width ``prior_width`` around it. The prior matters
+    where the held-out projections cannot see the model error (few angles,
+    high noise: the likelihood is flat down to ``t0 = s1 = 0``) and fades
+    where they can.
+
+    Parameters
+    ----------
+    op, y, out_mask, x_hat_in, posterior_variance, noise_var, max_rows, seed
+        As :func:`heldout_likelihood`.
+    prior : ModelErrorCoefficients, optional
+        Centre of the prior. Default None: maximum likelihood.
+    prior_width : float, optional
+        Natural-log standard deviation of the prior. Default 1.0.
+
+    Returns
+    -------
+    ModelErrorCoefficients
+        With ``method='heldout'`` and the fit's details in ``info``.
+    """
+    lik = heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var,
+                             max_rows=max_rows, seed=seed)
+    return lik.fit(prior, prior_width)
 
 
 def conformal_scale(truths, means, stds, coverage: float = math.erf(2 / math.sqrt(2))) -> float:

@@ -340,9 +340,44 @@ def posterior_uncertainty(dip, op: RayTransform, y: torch.Tensor, noise_std: flo
             "options": options}
 
 
+def heldout_prior(unc: UncertaintyConfig, preset: str):
+    """The calibration that centres the held-out fit's prior, and where it came from.
+
+    ``(None, None)`` when ``heldout_prior_width`` is 0, or when no
+    ``model_error_file`` is named and ctuq ships none for the preset (or the
+    method is IVON, whose std the shipped files were not fitted with).
+    """
+    from ctuq.recon import model_error as me
+
+    if unc.heldout_prior_width == 0:
+        return None, None
+    if unc.model_error_file is not None:
+        return me.ModelErrorCoefficients.load(unc.model_error_file), str(unc.model_error_file)
+    if unc.method != "laplace":
+        return None, None
+    shipped = me.shipped_coefficients(preset)
+    return (shipped, f"shipped:{preset}") if shipped is not None else (None, None)
+
+
+def model_error_calibration(unc: UncertaintyConfig, preset: str):
+    """``(coefficients, source)`` that the model-error stage will use, or ``(None, None)``.
+
+    Read before any fit, so that a missing or bad calibration file stops the
+    run at once with one clear error rather than after the DIP and the EM.
+    """
+    from ctuq.recon import model_error as me
+
+    if unc.model_error in ("calibrated", "conformal"):
+        return (me.coefficients_for(preset, unc.model_error_file),
+                str(unc.model_error_file) if unc.model_error_file else f"shipped:{preset}")
+    if unc.model_error == "heldout":
+        return heldout_prior(unc, preset)
+    return None, None
+
+
 def model_error_stage(dip, op: RayTransform, y: torch.Tensor, noise_var: float,
                       unc: UncertaintyConfig, posterior_variance: torch.Tensor, preset: str, *,
-                      progress: Callable | None = None,
+                      calibration: tuple | None = None, progress: Callable | None = None,
                       cancel: Callable[[], bool] | None = None) -> dict:
     """The model-error variance beside the posterior's (:mod:`ctuq.recon.model_error`).
 
@@ -359,6 +394,8 @@ def model_error_stage(dip, op: RayTransform, y: torch.Tensor, noise_var: float,
     posterior_variance : Tensor, shape (H, W)
     preset : str
         Picks the shipped calibration when no file is named.
+    calibration : tuple, optional
+        :func:`model_error_calibration`'s result, when already read.
     progress, cancel : callable, optional
 
     Returns
@@ -374,6 +411,7 @@ def model_error_stage(dip, op: RayTransform, y: torch.Tensor, noise_var: float,
     x_hat = dip.reconstruction.detach().cpu()
     var_post = posterior_variance.detach().double().cpu()
     method = unc.model_error
+    calibration, source = calibration or model_error_calibration(unc, preset)
     emit_progress(progress, "model error", 0, 1, method)
     if method == "none":
         coeffs, var = me.ModelErrorCoefficients(), torch.zeros_like(var_post)
@@ -383,10 +421,13 @@ def model_error_stage(dip, op: RayTransform, y: torch.Tensor, noise_var: float,
                                       cancel=cancel)
         check_cancel(cancel, "reconstruction")
         coeffs = me.fit_heldout(op, y, mask, dip_in.reconstruction.detach().cpu(), var_post,
-                                noise_var)
+                                noise_var, prior=calibration,
+                                prior_width=unc.heldout_prior_width)
+        if calibration is not None:
+            coeffs.info["prior"]["from"] = source
         var = coeffs.variance(x_hat, var_post)
     else:
-        coeffs = me.coefficients_for(preset, unc.model_error_file)
+        coeffs = calibration
         if method == "calibrated":
             var = coeffs.variance(x_hat, var_post)
         else:  # conformal: total std = q · posterior std, never below the posterior's
@@ -434,6 +475,8 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
     op = RayTransform(geometry, backend=config.backend, device=device)
     y = torch.as_tensor(sino.data, dtype=torch.float32, device=device)
     noise_std, noise_known = _noise_std(sino, config, y)
+    preset = config.preset_for(geometry.image_shape)
+    calibration = model_error_calibration(unc, preset)
     timings = {}
 
     emit_progress(progress, "fbp", 0, 1, "filtered back-projection")
@@ -469,9 +512,8 @@ def _reconstruct_slice(sino: Sinogram, config: ReconstructionConfig, progress, c
     check_cancel(cancel, "reconstruction")
     image_samples = unc_out["image_samples"]
     var_post = unc_out["variance"].double().cpu()
-    preset = config.preset_for(geometry.image_shape)
     me_out = model_error_stage(me_dip, op, y, noise_var, unc, var_post, preset,
-                               progress=progress, cancel=cancel)
+                               calibration=calibration, progress=progress, cancel=cancel)
     timings["model_error"] = me_out["seconds"]
     variance = var_post + me_out["variance"]
     std = variance.sqrt()

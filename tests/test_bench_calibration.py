@@ -1,0 +1,76 @@
+"""scripts/bench_calibration.py and scripts/tune_heldout_prior.py: planning and the width rule."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ctuq.data.phantoms import ellipses
+from ctuq.recon import model_error as me
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import bench_calibration  # noqa: E402
+import tune_heldout_prior  # noqa: E402
+
+
+def _summary(cov_mean, cov_worst, ll):
+    return {"coverage_2_mean": cov_mean, "coverage_2_worst": cov_worst,
+            "pixel_log_likelihood_mean": ll}
+
+
+def test_width_rule_takes_the_best_ll_among_widths_meeting_the_targets():
+    s = {"0.5": _summary(0.97, 0.90, 2.0), "1.0": _summary(0.96, 0.86, 2.5),
+         "inf": _summary(0.95, 0.70, 3.0)}  # best LL, worst image below 85 %
+    assert tune_heldout_prior.choose(s)[0] == "1.0"
+    s["1.0"] = _summary(0.995, 0.95, 2.5)  # mean above 99 %: over-wide
+    assert tune_heldout_prior.choose(s)[0] == "0.5"
+    none = {"0.5": _summary(0.8, 0.6, 1.0), "inf": _summary(0.7, 0.5, 2.0)}
+    chosen, rule = tune_heldout_prior.choose(none)
+    assert chosen == "0.5" and "no width" in rule
+
+
+def test_cases_from_a_document_or_a_partial_file(tmp_path):
+    row = {"id": "test/digits/1/64/30/5", "split": "test", "family": "digits", "index": 1,
+           "size": 64, "n_angles": 30, "noise": 0.05, "condition": "30 angles, 5% noise",
+           "methods": {"heldout": {}}}
+    doc = tmp_path / "doc.json"
+    doc.write_text(json.dumps({"cases": [row]}))
+    part = tmp_path / "part.jsonl"
+    part.write_text(json.dumps(row) + "\n")
+    for path in (doc, part):
+        (spec,) = [bench_calibration._case_spec(r) for r in bench_calibration.read_case_file(path)]
+        assert spec == {k: v for k, v in row.items() if k != "methods"}
+
+
+def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path, capsys):
+    # a stored case whose held-out projections see nothing (tiny r, huge noise):
+    # the maximum-likelihood fit drops the model error, a prior keeps it
+    gen = np.random.default_rng(0)
+    size, m = 16, 40
+    x_hat = ellipses(size, seed=3).astype(np.float64)
+    var_post = np.full((size, size), 1e-4)
+    truth = x_hat + gen.standard_normal(x_hat.shape) * 0.03
+    B = gen.uniform(0, 1, (m, size * size))
+    e2 = me.edge_strength(x_hat).square().reshape(-1).numpy()
+    lik = me.HeldoutLikelihood(gen.standard_normal(m) * 1e-3, (B * 1e-4) @ B.T,
+                               (B * 1e-4) @ B.T, (B * e2) @ B.T, 1e4, 3)
+    np.savez(tmp_path / "validation_ellipses_0_16_20_5.npz", truth=truth, x_hat=x_hat,
+             var_post=var_post, **{f"heldout_{k}": v for k, v in lik.arrays().items()})
+    (tmp_path / "cases.jsonl").write_text(json.dumps(
+        {"id": "validation/ellipses/0/16/20/5", "condition": "c", "family": "ellipses"}) + "\n")
+    cal = me.ModelErrorCoefficients(30.0, 0.05, "calibrated").save(tmp_path / "cal.json")
+    tune_heldout_prior.main(["--partial", str(tmp_path / "cases.jsonl"), "--arrays",
+                             str(tmp_path), "--calibration", str(cal), "--widths", "0.5,inf"])
+    out = json.loads(capsys.readouterr().out)
+    (case,) = out["cases"]
+    assert case["inf"]["t0"] < 1e-3  # nothing seen: maximum likelihood drops it
+    assert abs(math.log(case["0.5"]["t0"] / 30.0)) < 0.1  # the prior keeps it
+    assert out["summary"]["0.5"]["coverage_2_mean"] > out["summary"]["inf"]["coverage_2_mean"]
+    assert out["chosen"] in ("0.5", "inf") and out["summary"]["inf"]["images"] == 1
+    with pytest.raises(SystemExit):
+        tune_heldout_prior.main([])
