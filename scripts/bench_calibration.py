@@ -408,6 +408,14 @@ def write_docs(doc: dict, folder: Path) -> None:
         "", "The scan is simulated from the case's phantom with its own noise draw; "
         "every DIP-based method shares one DIP+TV fit; the time per image includes it "
         "(MC dropout fits its own network).", ""]
+    carried = [r for r in doc["cases"] if r.get("carried")]
+    if carried:
+        names = sorted({m for r in carried for m in r["carried"]["methods"]})
+        sources = sorted({r["carried"]["from"] for r in carried})
+        lines += [f"Carried, not rerun: {', '.join(f'`{m}`' for m in names)} on "
+                  f"{len(carried)} images, copied from the same images' rows of an earlier "
+                  f"run ({', '.join(sources)}); their fits were made by that run's code, "
+                  "not from this run's DIP fit.", ""]
     def method_table(methods: dict) -> list[str]:
         out = ["| method | images | ±1σ | ±2σ | ±3σ | ±2σ edges | ±2σ off edges | worst ±2σ "
                "| LL | worst LL | Spearman | PSNR | s / image |",

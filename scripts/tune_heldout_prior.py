@@ -10,14 +10,17 @@ keeps the fit where the data cannot move it. This script refits the stored
 held-out likelihoods of a ``bench_calibration.py --arrays`` run for every
 width and scores each, so the runs cost seconds, not reconstructions.
 
-Rule (fixed before the run): among the widths whose mean ±2σ coverage lies in
-[90, 99] % and whose worst image covers ≥ 85 %, the one with the highest mean
+Rule: among the widths whose mean ±2σ coverage lies in [90, 99] %, whose
+worst image covers ≥ 85 %, and whose worst image and worst edge coverage are
+no lower than the maximum-likelihood fit's (the prior may add what the scan
+cannot see, not take away what it can), the one with the highest mean
 per-pixel log-likelihood (a proper score); if none qualifies, the one with
-the best worst-image coverage. ``inf`` is the maximum-likelihood fit;
-the rule picks among the widths only. Beside them, for comparison: the
+the best worst-image coverage. ``inf`` is the maximum-likelihood fit; the
+rule picks among the widths only. Beside them, for comparison: the
 calibration alone (``calibrated``) and, with ``--floor``, each coefficient
 the larger of its maximum-likelihood value and the calibration's
-(``floor``).
+(``floor``). docs/defaults.md tells why the third condition is there (the
+validation images come from the calibration's own families).
 
 Usage::
 
@@ -57,11 +60,15 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def choose(summary: dict) -> tuple[str, str]:
+    ml = summary.get("inf")
     ok = {w: s for w, s in summary.items() if 0.90 <= s["coverage_2_mean"] <= 0.99
-          and s["coverage_2_worst"] >= 0.85}
+          and s["coverage_2_worst"] >= 0.85 and (ml is None or (
+              s["coverage_2_worst"] >= ml["coverage_2_worst"]
+              and s["coverage_2_edges_worst"] >= ml["coverage_2_edges_worst"]))}
     if ok:
         return max(ok, key=lambda w: ok[w]["pixel_log_likelihood_mean"]), \
-            "highest mean LL among widths meeting the coverage targets"
+            "highest mean LL among widths meeting the coverage targets without lowering " \
+            "the worst image or worst edge coverage of the maximum-likelihood fit"
     return max(summary, key=lambda w: summary[w]["coverage_2_worst"]), \
         "no width met the coverage targets: best worst-image coverage"
 

@@ -18,9 +18,9 @@ import bench_calibration  # noqa: E402
 import tune_heldout_prior  # noqa: E402
 
 
-def _summary(cov_mean, cov_worst, ll):
+def _summary(cov_mean, cov_worst, ll, edges_worst=0.9):
     return {"coverage_2_mean": cov_mean, "coverage_2_worst": cov_worst,
-            "pixel_log_likelihood_mean": ll}
+            "pixel_log_likelihood_mean": ll, "coverage_2_edges_worst": edges_worst}
 
 
 def test_width_rule_takes_the_best_ll_among_widths_meeting_the_targets():
@@ -32,6 +32,13 @@ def test_width_rule_takes_the_best_ll_among_widths_meeting_the_targets():
     none = {"0.5": _summary(0.8, 0.6, 1.0), "inf": _summary(0.7, 0.5, 2.0)}
     chosen, rule = tune_heldout_prior.choose(none)
     assert chosen == "0.5" and "no width" in rule
+
+
+def test_width_rule_refuses_a_prior_that_costs_the_worst_case_coverage():
+    s = {"0.1": _summary(0.97, 0.87, 3.8),  # best LL, but a worse worst image than the MLE
+         "0.25": _summary(0.97, 0.92, 3.5, edges_worst=0.80),  # worse worst edges
+         "1.0": _summary(0.97, 0.92, 3.4), "inf": _summary(0.97, 0.92, 3.3)}
+    assert tune_heldout_prior.choose(s)[0] == "1.0"
 
 
 def test_cases_from_a_document_or_a_partial_file(tmp_path):

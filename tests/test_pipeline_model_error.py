@@ -133,6 +133,8 @@ def test_heldout_with_a_calibration_records_its_prior_and_the_likelihood_optimum
         r.reconstruction).numpy() ** 2
     np.testing.assert_allclose(r.model_error_std.astype(np.float64) ** 2, want, rtol=1e-3,
                                atol=1e-10)
+    back = ctuq.data.io.read_result(r.save(tmp_path / "r.ctuq.h5"))
+    assert back.config["model_error"]["info"]["prior"] == info["prior"]
 
 
 @pytest.mark.parametrize("method", ["heldout", "calibrated"])

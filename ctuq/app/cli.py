@@ -215,8 +215,9 @@ def calibrate(out: Path = typer.Option(..., "--out", help="Coefficients file to 
     """Fit the model-error coefficients on simulated scans of a phantom family.
 
     Writes a JSON file for [uncertainty] model_error_file (methods
-    'calibrated' and 'conformal'). Every scan is a full reconstruction:
-    2 families x 2 images x 4 conditions at 64² take about 20 min on 2 cores.
+    'calibrated' and 'conformal', and the prior of 'heldout'). Every scan is
+    a full reconstruction: 4 families x 1 image x 4 conditions at 64² took
+    42 min on one thread of a 2-core CPU.
     """
     from ctuq.data.io import check_output_path
     from ctuq.recon.calibrate import calibrate as run_calibration

@@ -154,7 +154,7 @@ class UncertaintyConfig:
         calibration (``model_error_file``, or the preset's shipped file; none
         shipped: maximum likelihood). The prior carries the fit where the
         held-out projections cannot see the model error (few angles, much
-        noise). 0 turns it off. Default 0.25 (chosen on the validation split,
+        noise). 0 turns it off. Default 0.1 (chosen on the validation split,
         docs/defaults.md).
     model_error_file : str or None
         ``'calibrated'``/``'conformal'``: a file written by ``ctuq calibrate``.
@@ -203,7 +203,7 @@ class UncertaintyConfig:
                                doc="The fit's own error: heldout, calibrated, conformal, none.")
     heldout_every: int = setting(6, kind=int, minimum=2, maximum=10_000,
                                  doc="heldout: leave out every n-th angle.")
-    heldout_prior_width: float = setting(0.25, kind=float, minimum=0, maximum=100.0,
+    heldout_prior_width: float = setting(0.1, kind=float, minimum=0, maximum=100.0,
                                          doc="heldout: width (log units) of the calibrated "
                                              "prior on the coefficients; 0: none.")
     model_error_file: str | None = setting(None, kind=str,
