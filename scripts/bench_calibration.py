@@ -79,7 +79,8 @@ CONDITIONS = {64: [(30, 0.01), (30, 0.05), (60, 0.01), (60, 0.05)],
               128: [(60, 0.01), (60, 0.05)], 28: [(20, 0.05)]}
 POSTERIOR_METHODS = ("posterior", "heldout", "heldout_mle", "calibrated", "conformal")
 LABELS = {"fbp": "FBP, residual variance", "mc_dropout": "MC-dropout DIP",
-          "ivon": "IVON-DIP", "ivon_heldout": "IVON-DIP + held-out model error (maximum likelihood)",
+          "ivon": "IVON-DIP",
+          "ivon_heldout": "IVON-DIP + held-out model error (maximum likelihood)",
           "posterior": "ctuq posterior only",
           "heldout": "ctuq + held-out model error (the default: its coefficients under the "
                      "preset's calibrated prior where ctuq ships one, else maximum likelihood)",

@@ -88,7 +88,7 @@ def main(argv=None):
     prior = ModelErrorCoefficients.load(args.calibration)
     widths = [float(w) for w in args.widths.split(",")]
     cases = sorted(read_cases(args.partial, "id").values(), key=lambda r: r["id"])
-    per_width = {str(w): [] for w in widths}
+    per_width: dict[str, list] = {}  # candidate -> its scores per image, in order
     per_case = []
     for r in cases:
         npz = Path(args.arrays) / (r["id"].replace("/", "_") + ".npz")
@@ -100,17 +100,13 @@ def main(argv=None):
         x_hat, var_post = torch.as_tensor(a["x_hat"]), torch.as_tensor(a["var_post"])
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         mle = lik.fit()
-        for w in widths:
-            co = mle if math.isinf(w) else lik.fit(prior, w, mle=mle)
-            s = score(a["truth"], x_hat, (var_post + co.variance(x_hat, var_post)).sqrt())
-            s = {k: s[k] for k in KEYS}
-            per_width[str(w)].append(s)
-            row[str(w)] = {"t0": co.t0, "s1": co.s1, **s}
-        others = {"calibrated": prior}  # the calibration alone, no held-out fit
+        candidates = {str(w): mle if math.isinf(w) else lik.fit(prior, w, mle=mle)
+                      for w in widths}
+        candidates["calibrated"] = prior  # the calibration alone, no held-out fit
         if args.floor:  # the calibration as a floor under the MLE
-            others["floor"] = ModelErrorCoefficients(max(mle.t0, prior.t0),
-                                                     max(mle.s1, prior.s1), "heldout")
-        for name, co in others.items():
+            candidates["floor"] = ModelErrorCoefficients(max(mle.t0, prior.t0),
+                                                         max(mle.s1, prior.s1), "heldout")
+        for name, co in candidates.items():
             s = score(a["truth"], x_hat, (var_post + co.variance(x_hat, var_post)).sqrt())
             s = {k: s[k] for k in KEYS}
             per_width.setdefault(name, []).append(s)

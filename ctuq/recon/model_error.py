@@ -64,7 +64,7 @@ DEFAULTS_DIR = Path(__file__).with_name("model_error_defaults")
 
 
 def shipped_coefficients(preset: str) -> "ModelErrorCoefficients | None":
-    """The calibration ctuq ships for ``preset`` (``model_error_defaults/<preset>.json``), or None."""
+    """The calibration ctuq ships for ``preset`` (``model_error_defaults/<preset>.json``) or None."""
     shipped = DEFAULTS_DIR / f"{preset}.json"
     return ModelErrorCoefficients.load(shipped) if shipped.is_file() else None
 
@@ -82,7 +82,8 @@ def coefficients_for(preset: str, path=None) -> "ModelErrorCoefficients":
     shipped = shipped_coefficients(preset)
     if shipped is None:
         raise InputError(f"ctuq ships no model-error calibration for preset {preset!r}: run "
-                         "'ctuq calibrate --size SIDE --out FILE' (SIDE: the image side of the scans) and set "
+                         "'ctuq calibrate --size SIDE --out FILE' (SIDE: the image side of "
+                         "the scans) and set "
                          "uncertainty.model_error_file = FILE, or use model_error = 'heldout'",
                          field="uncertainty.model_error_file")
     return shipped
@@ -429,17 +430,28 @@ class HeldoutLikelihood:
     noise_var: float
     heldout_angles: int = 0
 
+    def _factor(self, v):
+        """``(summed nll, Cholesky factor, α = M⁻¹ r)`` at the variances ``v = (t0², s1²)``.
+
+        ``None`` where ``M`` is not positive definite.
+        """
+        M = torch.as_tensor(self.M_post + v[0] * self.M_const + v[1] * self.M_edge)
+        M.diagonal().add_(self.noise_var)
+        L, info = torch.linalg.cholesky_ex(M)
+        if int(info) != 0:
+            return None
+        r = torch.as_tensor(self.r)
+        alpha = torch.cholesky_solve(r[:, None], L)[:, 0]
+        return float(0.5 * (r @ alpha) + torch.log(torch.diagonal(L)).sum()), L, alpha
+
+    def _nll_at_variances(self, v) -> float:
+        f = self._factor(v)
+        return math.inf if f is None else f[0] / len(self.r)
+
     def nll(self, log_t0: float, log_s1: float) -> float:
         """Negative log-likelihood per measurement (without ``log 2π / 2``); ``inf`` if not PD."""
-        lt0, ls1 = max(float(log_t0), _LOG_MIN), max(float(log_s1), _LOG_MIN)
-        M = (self.M_post + math.exp(2 * lt0) * self.M_const + math.exp(2 * ls1) * self.M_edge
-             + self.noise_var * np.eye(len(self.r)))
-        L, info = torch.linalg.cholesky_ex(torch.as_tensor(M))
-        if int(info) != 0:
-            return math.inf
-        r = torch.as_tensor(self.r)
-        a = torch.cholesky_solve(r[:, None], L)[:, 0]
-        return float(0.5 * (r @ a) + torch.log(torch.diagonal(L)).sum()) / len(self.r)
+        return self._nll_at_variances([math.exp(2 * max(float(lp), _LOG_MIN))
+                                       for lp in (log_t0, log_s1)])
 
     def _total_nll_and_grad(self, v) -> tuple[float, np.ndarray]:
         """Summed negative log-likelihood and its gradient in the variances ``(t0², s1²)``.
@@ -448,15 +460,10 @@ class HeldoutLikelihood:
         variances (not their logarithms) the gradient does not vanish at 0,
         so a search that reaches the boundary can leave it.
         """
-        v = np.maximum(np.asarray(v, dtype=np.float64), 0.0)
-        M = torch.as_tensor(self.M_post + v[0] * self.M_const + v[1] * self.M_edge)
-        M.diagonal().add_(self.noise_var)
-        L, info = torch.linalg.cholesky_ex(M)
-        if int(info) != 0:
+        f = self._factor(np.maximum(np.asarray(v, dtype=np.float64), 0.0))
+        if f is None:
             return 1e300, np.zeros(2)
-        r = torch.as_tensor(self.r)
-        alpha = torch.cholesky_solve(r[:, None], L)[:, 0]
-        total = float(0.5 * (r @ alpha) + torch.log(torch.diagonal(L)).sum())
+        total, L, alpha = f
         inv = torch.cholesky_inverse(L)
         grad = np.array([0.5 * (float((inv * Mk).sum()) - float(alpha @ (Mk @ alpha)))
                          for Mk in (torch.as_tensor(self.M_const), torch.as_tensor(self.M_edge))])
@@ -514,15 +521,14 @@ class HeldoutLikelihood:
             best = minimize(objective, np.exp(2 * np.array(_INIT)), args=(with_prior,),
                             jac=True, method="L-BFGS-B", bounds=[(_VAR_MIN, 1e8)] * 2,
                             options={"ftol": 1e-13, "gtol": 1e-8, "maxiter": 500})
-            coeffs = [float(math.sqrt(v)) if v > _VAR_MIN else 0.0 for v in best.x]
-            return coeffs, [math.log(c) if c > 0 else _LOG_MIN - 1.0 for c in coeffs]
+            return [float(math.sqrt(v)) if v > _VAR_MIN else 0.0 for v in best.x], best.x
 
-        (t0, s1), x = search(centre is not None)
+        (t0, s1), v = search(centre is not None)
         info = {"heldout_angles": int(self.heldout_angles), "measurements": int(m),
-                "nll_per_measurement": self.nll(*x),
-                "nll_without_model_error": self.nll(_LOG_MIN - 1.0, _LOG_MIN - 1.0)}
+                "nll_per_measurement": self._nll_at_variances(v),
+                "nll_without_model_error": self._nll_at_variances([_VAR_MIN, _VAR_MIN])}
         if centre is not None:
-            (t0_ml, s1_ml), _ = search(False) if mle is None else ((mle.t0, mle.s1), None)
+            t0_ml, s1_ml = search(False)[0] if mle is None else (mle.t0, mle.s1)
             info.update(prior={"t0": prior.t0, "s1": prior.s1, "width": float(prior_width)},
                         mle={"t0": t0_ml, "s1": s1_ml})
         return ModelErrorCoefficients(t0, s1, "heldout", info=info)
