@@ -185,7 +185,8 @@ def run_case(case: dict, args, previous: dict | None = None) -> dict:
     times["dip"] = dip.wall_time
     x_hat = dip.reconstruction.detach().cpu()
     t0 = time.perf_counter()
-    mask, dip_in = me.heldout_fit(y, op, dip.config, every=unc.heldout_every, noise_std=sigma)
+    mask, dip_in = me.heldout_fit(y, op, dip.config, every=unc.heldout_every,
+                                  min_out=unc.heldout_min_out, noise_std=sigma)
     times["heldout_fit"] = time.perf_counter() - t0
     calibration = None
     if args.calibration:
@@ -278,7 +279,8 @@ def add_ivon(row: dict, args) -> dict:
         np.load(npz)["x_hat"] - s["dip"].reconstruction.detach().cpu().numpy()).max()) \
         if args.arrays and npz.exists() else None
     mask, dip_in = me.heldout_fit(s["y"], s["op"], s["dip"].config,
-                                  every=s["unc"].heldout_every, noise_std=s["sigma"])
+                                  every=s["unc"].heldout_every,
+                                  min_out=s["unc"].heldout_min_out, noise_std=s["sigma"])
     _ivon_scores(out, s, mask, dip_in)
     for name in ("ivon", "ivon_heldout"):
         out["times_s"][name] += out["times_s"]["dip"]

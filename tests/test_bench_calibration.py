@@ -16,6 +16,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 import bench_calibration  # noqa: E402
 import tune_heldout_prior  # noqa: E402
+import tune_heldout_split  # noqa: E402
 
 
 def _summary(cov_mean, cov_worst, ll, edges_worst=0.9):
@@ -39,6 +40,15 @@ def test_width_rule_refuses_a_prior_that_costs_the_worst_case_coverage():
          "0.25": _summary(0.97, 0.92, 3.5, edges_worst=0.80),  # worse worst edges
          "1.0": _summary(0.97, 0.92, 3.4), "inf": _summary(0.97, 0.92, 3.3)}
     assert tune_heldout_prior.choose(s)[0] == "1.0"
+
+
+def test_split_rule_takes_the_best_worst_image_unless_it_costs_log_likelihood():
+    s = {"6_prior": _summary(0.97, 0.90, 3.6), "6_mle": _summary(0.97, 0.95, 3.0),
+         "4_prior": _summary(0.98, 0.93, 3.55),  # better worst image, LL within 0.1
+         "3_prior": _summary(0.99, 0.96, 3.2)}  # best worst image, but 0.4 nats worse
+    assert tune_heldout_split.choose(s) == "4_prior"  # an MLE variant is never chosen
+    s["4_prior"] = _summary(0.98, 0.93, 3.45)
+    assert tune_heldout_split.choose(s) == "6_prior"
 
 
 def test_cases_from_a_document_or_a_partial_file(tmp_path):

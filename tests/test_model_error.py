@@ -171,6 +171,17 @@ def test_heldout_split_leaves_out_every_kth_angle():
     assert m.sum() == 10 and np.all(np.flatnonzero(m) % 6 == 3)
 
 
+@pytest.mark.parametrize("n, expect_every", [(30, 4), (60, 6), (45, 6), (12, 3), (9, 3)])
+def test_heldout_split_lowers_every_until_enough_angles_are_out(n, expect_every):
+    m = me.heldout_split(n, 6, min_out=7)
+    assert np.all(np.flatnonzero(m) % expect_every == expect_every // 2)
+    assert m.sum() == len(range(expect_every // 2, n, expect_every))
+    # enough out, or already every 3rd (two thirds stay in the fit)
+    assert m.sum() >= 7 or expect_every == 3
+    if n >= 12:  # min_out 0 is every 6th as given (9 angles: too few for it, refused)
+        assert np.array_equal(me.heldout_split(n, 6, min_out=0), me.heldout_split(n, 6))
+
+
 def test_heldout_fit_never_sees_the_left_out_projections():
     from ctuq.recon.dip import DIPConfig
 

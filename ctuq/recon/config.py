@@ -148,6 +148,11 @@ class UncertaintyConfig:
         docs/defaults.md).
     heldout_every : int
         ``'heldout'``: leave out every n-th angle in the second fit. Default 6.
+    heldout_min_out : int
+        ``'heldout'``: leave out at least this many angles; a scan with few
+        angles has every n-th lowered (not below every 3rd) until it does.
+        Default 7 (every 4th at 30 angles; chosen on the validation split,
+        docs/defaults.md). 0: ``heldout_every`` as given.
     heldout_prior_width : float
         ``'heldout'``: the coefficients are the maximum a posteriori under a
         log-normal prior of this width (natural-log std) centred on the
@@ -203,6 +208,9 @@ class UncertaintyConfig:
                                doc="The fit's own error: heldout, calibrated, conformal, none.")
     heldout_every: int = setting(6, kind=int, minimum=2, maximum=10_000,
                                  doc="heldout: leave out every n-th angle.")
+    heldout_min_out: int = setting(7, kind=int, minimum=0, maximum=10_000,
+                                   doc="heldout: leave out at least this many angles "
+                                       "(every n-th lowered, not below 3).")
     heldout_prior_width: float = setting(0.1, kind=float, minimum=0, maximum=100.0,
                                          doc="heldout: width (log units) of the calibrated "
                                              "prior on the coefficients; 0: none.")

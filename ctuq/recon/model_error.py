@@ -319,8 +319,25 @@ def fit_to_truth(truths, means, posterior_variances) -> ModelErrorCoefficients:
                                   info={"n_images": len(rows), "pixel_log_likelihood": ll})
 
 
-def heldout_split(n_angles: int, every: int) -> np.ndarray:
+def heldout_split(n_angles: int, every: int, min_out: int = 0) -> np.ndarray:
     """Mask of the left-out angles: every ``every``-th, starting at ``every // 2``.
+
+    When that leaves out fewer than ``min_out`` angles, ``every`` is lowered
+    (not below 3, so two thirds of the angles stay in the fit) until it does:
+    a scan with few angles otherwise keeps too few held-out rays to see the
+    model error at all (at 30 angles every 6th is 5 angles; every 4th, 7).
+
+    Parameters
+    ----------
+    n_angles : int
+    every : int
+        At least 2.
+    min_out : int, optional
+        Fewest left-out angles wanted. Default 0 (``every`` as given).
+
+    Returns
+    -------
+    ndarray of bool, shape (n_angles,)
 
     Raises
     ------
@@ -329,6 +346,8 @@ def heldout_split(n_angles: int, every: int) -> np.ndarray:
     """
     if not isinstance(every, int) or isinstance(every, bool) or every < 2:
         raise InputError(f"must be an integer >= 2, got {every!r}", field="heldout_every")
+    while every > 3 and _n_out(n_angles, every) < min_out:
+        every -= 1
     out = (np.arange(n_angles) % every) == (every // 2)
     if out.sum() < 2 or (~out).sum() < 4:
         raise InputError(f"{n_angles} angles are too few to leave every {every}-th out "
@@ -336,8 +355,13 @@ def heldout_split(n_angles: int, every: int) -> np.ndarray:
     return out
 
 
-def heldout_fit(y, op, dip_config, *, every: int = 6, noise_std: float | None = None,
-                progress=None, cancel=None):
+def _n_out(n_angles: int, every: int) -> int:
+    """How many angles :func:`heldout_split` leaves out at a given ``every``."""
+    return int(((np.arange(n_angles) % every) == (every // 2)).sum())
+
+
+def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
+                noise_std: float | None = None, progress=None, cancel=None):
     """The DIP fit without every ``every``-th angle, for :func:`fit_heldout`.
 
     The network input is the FBP of the kept angles only, so nothing of the
@@ -355,6 +379,8 @@ def heldout_fit(y, op, dip_config, *, every: int = 6, noise_std: float | None = 
         The same settings as the fit on all angles.
     every : int, optional
         Leave out every ``every``-th angle (:func:`heldout_split`). Default 6.
+    min_out : int, optional
+        Leave out at least this many angles (:func:`heldout_split`). Default 0.
     noise_std : float, optional
         For the TV weight (as in :func:`ctuq.recon.dip.fit_dip`).
     progress, cancel : callable, optional
@@ -372,7 +398,7 @@ def heldout_fit(y, op, dip_config, *, every: int = 6, noise_std: float | None = 
     from ctuq.recon.dip import fit_dip
 
     geometry = op.geometry
-    out_mask = heldout_split(geometry.n_angles, every)
+    out_mask = heldout_split(geometry.n_angles, every, min_out)
     keep = torch.as_tensor(~out_mask)
     y = torch.as_tensor(y, dtype=torch.float32).reshape(geometry.range_shape).to(op.device)
     zero_filled = y.clone()

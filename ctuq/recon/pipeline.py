@@ -390,7 +390,8 @@ def model_error_stage(dip, op: RayTransform, y: torch.Tensor, noise_var: float,
     noise_var : float
         ``σ²`` of the measurements (the EM's, learned or known).
     unc : UncertaintyConfig
-        ``model_error``, ``heldout_every``, ``model_error_file``.
+        ``model_error``, ``heldout_every``, ``heldout_min_out``,
+        ``model_error_file``.
     posterior_variance : Tensor, shape (H, W)
     preset : str
         Picks the shipped calibration when no file is named.
@@ -417,6 +418,7 @@ def model_error_stage(dip, op: RayTransform, y: torch.Tensor, noise_var: float,
         coeffs, var = me.ModelErrorCoefficients(), torch.zeros_like(var_post)
     elif method == "heldout":
         mask, dip_in = me.heldout_fit(y, op, dip.config, every=unc.heldout_every,
+                                      min_out=unc.heldout_min_out,
                                       noise_std=math.sqrt(noise_var), progress=progress,
                                       cancel=cancel)
         check_cancel(cancel, "reconstruction")
