@@ -57,6 +57,7 @@ get their ``calibrated``/``conformal`` scores on the next run.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import json
@@ -411,14 +412,9 @@ def write_docs(doc: dict, folder: Path) -> None:
         "", "The scan is simulated from the case's phantom with its own noise draw; "
         "every DIP-based method shares one DIP+TV fit; the time per image includes it "
         "(MC dropout fits its own network).", ""]
-    carried = [r for r in doc["cases"] if r.get("carried")]
-    if carried:
-        names = sorted({m for r in carried for m in r["carried"]["methods"]})
-        sources = sorted({r["carried"]["from"] for r in carried})
-        lines += [f"Carried, not rerun: {', '.join(f'`{m}`' for m in names)} on "
-                  f"{len(carried)} images, copied from the same images' rows of an earlier "
-                  f"run ({', '.join(sources)}); their fits were made by that run's code, "
-                  "not from this run's DIP fit.", ""]
+    note = carried_note(doc["cases"])
+    if note:
+        lines += [note, ""]
     def method_table(methods: dict) -> list[str]:
         out = ["| method | images | ±1σ | ±2σ | ±3σ | ±2σ edges | ±2σ off edges | worst ±2σ "
                "| LL | worst LL | Spearman | PSNR | s / image |",
@@ -484,6 +480,19 @@ def write_docs(doc: dict, folder: Path) -> None:
         plt.close(fig)
         lines += [f"![reliability {size}²](bench_calibration_{size}.png)", ""]
     (folder / "calibration.md").write_text("\n".join(lines) + "\n")
+
+
+def carried_note(cases: list[dict]) -> str | None:
+    """The docs' sentence on carried methods: each with its image count, and the sources."""
+    carried = [r for r in cases if r.get("carried")]
+    if not carried:
+        return None
+    counts = collections.Counter(m for r in carried for m in r["carried"]["methods"])
+    sources = sorted({r["carried"]["from"] for r in carried})
+    return ("Carried, not rerun: " + ", ".join(
+        f"`{m}` on {n} images" for m, n in sorted(counts.items()))
+        + f", copied from the same images' rows of an earlier run ({', '.join(sources)}); "
+        "their fits were made by that run's code, not from this run's DIP fit.")
 
 
 def carry_methods(results: list[dict], path) -> None:

@@ -91,3 +91,20 @@ def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path, capsys)
     assert out["chosen"] in ("0.5", "inf") and out["summary"]["inf"]["images"] == 1
     with pytest.raises(SystemExit):
         tune_heldout_prior.main([])
+
+
+def test_carried_methods_are_copied_labelled_and_counted_per_method(tmp_path):
+    earlier = tmp_path / "earlier.json"
+    old = [{"id": i, "methods": {"fbp": {"c": 0}, "mc_dropout": {"c": 1}, "ivon": {"c": 2}},
+            "times_s": {"mc_dropout": 5.0}, "coefficients": {}} for i in ("a", "b")]
+    earlier.write_text(json.dumps({"cases": old}))
+    new = [{"id": "a", "methods": {"fbp": {"c": 9}}, "times_s": {}, "coefficients": {}},
+           {"id": "b", "methods": {"fbp": {"c": 9}, "ivon": {"c": 7}}, "times_s": {},
+            "coefficients": {}}]
+    bench_calibration.carry_methods(new, earlier)
+    assert new[0]["methods"]["fbp"] == {"c": 9}  # what this run measured stays
+    assert new[0]["methods"]["mc_dropout"] == {"c": 1} and new[0]["times_s"]["mc_dropout"] == 5
+    assert new[1]["methods"]["ivon"] == {"c": 7} and new[1]["carried"]["methods"] == ["mc_dropout"]
+    note = bench_calibration.carried_note(new)
+    assert "`ivon` on 1 images" in note and "`mc_dropout` on 2 images" in note
+    assert bench_calibration.carried_note([{"id": "c"}]) is None
