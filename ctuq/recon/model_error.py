@@ -346,18 +346,18 @@ def heldout_split(n_angles: int, every: int, min_out: int = 0) -> np.ndarray:
     """
     if not isinstance(every, int) or isinstance(every, bool) or every < 2:
         raise InputError(f"must be an integer >= 2, got {every!r}", field="heldout_every")
-    while every > 3 and _n_out(n_angles, every) < min_out:
+    while every > 3 and _every_kth(n_angles, every).sum() < min_out:
         every -= 1
-    out = (np.arange(n_angles) % every) == (every // 2)
+    out = _every_kth(n_angles, every)
     if out.sum() < 2 or (~out).sum() < 4:
         raise InputError(f"{n_angles} angles are too few to leave every {every}-th out "
                          f"(need >= 2 left out and >= 4 kept)", field="heldout_every")
     return out
 
 
-def _n_out(n_angles: int, every: int) -> int:
-    """How many angles :func:`heldout_split` leaves out at a given ``every``."""
-    return int(((np.arange(n_angles) % every) == (every // 2)).sum())
+def _every_kth(n_angles: int, every: int) -> np.ndarray:
+    """Every ``every``-th of ``n_angles``, starting at ``every // 2`` (a bool mask)."""
+    return (np.arange(n_angles) % every) == (every // 2)
 
 
 def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
