@@ -59,6 +59,16 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
+def score_total(truth, x_hat, var_post, co) -> dict:
+    """The :data:`KEYS` scores of the std ``sqrt(var_post + model error of co)``.
+
+    ``truth``, ``x_hat``, ``var_post``: one image's arrays (shape ``(H, W)``), as
+    ``bench_calibration.py --arrays`` stores them; ``co``: ModelErrorCoefficients.
+    """
+    s = score(truth, x_hat, (var_post + co.variance(x_hat, var_post)).sqrt())
+    return {k: s[k] for k in KEYS}
+
+
 def choose(summary: dict) -> tuple[str, str]:
     ml = summary.get("inf")
     ok = {w: s for w, s in summary.items() if 0.90 <= s["coverage_2_mean"] <= 0.99
@@ -97,7 +107,8 @@ def main(argv=None):
         a = np.load(npz)
         lik = HeldoutLikelihood.from_arrays({k[len("heldout_"):]: a[k] for k in a.files
                                              if k.startswith("heldout_")})
-        x_hat, var_post = torch.as_tensor(a["x_hat"]), torch.as_tensor(a["var_post"])
+        truth, x_hat, var_post = a["truth"], torch.as_tensor(a["x_hat"]), \
+            torch.as_tensor(a["var_post"])
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         mle = lik.fit()
         candidates = {str(w): mle if math.isinf(w) else lik.fit(prior, w, mle=mle)
@@ -107,8 +118,7 @@ def main(argv=None):
             candidates["floor"] = ModelErrorCoefficients(max(mle.t0, prior.t0),
                                                          max(mle.s1, prior.s1), "heldout")
         for name, co in candidates.items():
-            s = score(a["truth"], x_hat, (var_post + co.variance(x_hat, var_post)).sqrt())
-            s = {k: s[k] for k in KEYS}
+            s = score_total(truth, x_hat, var_post, co)
             per_width.setdefault(name, []).append(s)
             row[name] = {"t0": co.t0, "s1": co.s1, **s}
         per_case.append(row)

@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/: shared helpers
-from bench_calibration import _scan, score  # noqa: E402
+from bench_calibration import _scan  # noqa: E402
 from bench_evidence import _clean, read_cases  # noqa: E402
-from tune_heldout_prior import KEYS, summarise  # noqa: E402
+from tune_heldout_prior import score_total, summarise  # noqa: E402
 
 LL_SLACK = 0.1  # nats/pixel a choice may lose against every 6th
 
@@ -76,7 +76,8 @@ def main(argv=None):
             continue
         a = np.load(Path(args.arrays) / (row["id"].replace("/", "_") + ".npz"))
         s = _scan(row, scan_args)
-        x_hat, var_post = torch.as_tensor(a["x_hat"]), torch.as_tensor(a["var_post"])
+        truth, x_hat, var_post = a["truth"], torch.as_tensor(a["x_hat"]), \
+            torch.as_tensor(a["var_post"])
         out = {"id": row["id"], "condition": row["condition"], "family": row["family"]}
         for every in everies:
             mask, dip_in = me.heldout_fit(s["y"], s["op"], s["dip"].config, every=every,
@@ -84,10 +85,10 @@ def main(argv=None):
             lik = me.heldout_likelihood(s["op"], s["y"], mask,
                                         dip_in.reconstruction.detach().cpu(), var_post,
                                         s["sigma"] ** 2)
-            for name, co in (("mle", lik.fit()), ("prior", lik.fit(prior, args.width))):
-                sc = score(a["truth"], x_hat, (var_post + co.variance(x_hat, var_post)).sqrt())
+            mle = lik.fit()
+            for name, co in (("mle", mle), ("prior", lik.fit(prior, args.width, mle=mle))):
                 out[f"{every}_{name}"] = {"t0": co.t0, "s1": co.s1, "n_out": int(mask.sum()),
-                                          **{k: sc[k] for k in KEYS}}
+                                          **score_total(truth, x_hat, var_post, co)}
         cases.append(out)
         print(f"{row['id']}: " + ", ".join(
             f"{k} {v['coverage_2']:.3f}" for k, v in out.items() if isinstance(v, dict)),
