@@ -1,6 +1,7 @@
 """The realistic simulation condition: finer grid, other projector, hidden centre of
 rotation, photon counts with flats and darks (ctuq.data.simulate.simulate_realistic)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -125,7 +126,6 @@ def test_hidden_center_offset_follows_the_geometry_convention():
     y = scan.line_integrals.reshape(-1)
     misfit = {}
     for c in (-0.4, -0.2, 0.0, 0.2, 0.4, 0.6):
-        import dataclasses
         A = system_matrix(dataclasses.replace(scan.geometry, center_offset=c)).toarray()
         x, *_ = np.linalg.lstsq(A.astype(np.float64), y, rcond=None)
         misfit[c] = float(np.linalg.norm(A @ x - y))
