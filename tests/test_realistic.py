@@ -94,6 +94,19 @@ def test_discretisation_error_is_small_but_not_zero(family):
     assert np.linalg.norm(coarse - scan.clean) > 1e-3 * np.linalg.norm(ours)
 
 
+@pytest.mark.parametrize("pixel_size", [0.5, 2.0])
+def test_truth_is_in_the_units_of_the_reconstruction(pixel_size):
+    """With pixel_size in mm the truth is in 1/mm: ctuq's A(truth) matches the data."""
+    scan = simulate_realistic("ellipses", 24, 30, center_offset=None, pixel_size=pixel_size,
+                              seed=2, phantom_seed=2)
+    assert scan.geometry.pixel_size == pixel_size
+    ours = RayTransform(scan.geometry).A(torch.from_numpy(scan.truth)).double().numpy()
+    assert np.linalg.norm(scan.clean - ours) < 0.05 * np.linalg.norm(ours)
+    assert scan.clean.max() == pytest.approx(2.5)
+    ref = simulate_realistic("ellipses", 24, 30, center_offset=None, seed=2, phantom_seed=2)
+    np.testing.assert_allclose(scan.truth * pixel_size, ref.truth, rtol=1e-5, atol=1e-7)
+
+
 def test_fine_rendering_is_the_same_object():
     """4× and 8× finer drawings, averaged down to 32², agree (the area average they
     converge to), far better than a drawing at 32² or another seed does."""
@@ -229,6 +242,22 @@ def test_nxtomo_round_trip_of_the_raw_frames(tmp_path):
     with pytest.raises(InputError) as err:       # counts are not line integrals
         read_sinogram(path, raw=False)
     assert err.value.field == "raw"
+
+
+def test_writer_frames_of_a_stack_of_slices(tmp_path):
+    """Raw frames of a two-slice stack, [frames, slices, detector], read back per slice."""
+    from ctuq.data.io import Sinogram, read_sinogram, write_sinogram
+
+    scans = [simulate_realistic("ellipses", 16, 8, seed=s, phantom_seed=s) for s in (1, 2)]
+    stack = Sinogram(np.stack([s.line_integrals for s in scans]), scans[0].geometry,
+                     ground_truth=np.stack([s.truth for s in scans]))
+    frames = {k: np.stack([getattr(s, k) for s in scans], axis=1)
+              for k in ("projections", "flats", "darks")}
+    path = write_sinogram(tmp_path / "stack.nxs", stack, frames=frames)
+    back = read_sinogram(path)
+    assert back.shape == (2, 8, scans[0].geometry.n_detector)
+    for i, s in enumerate(scans):
+        np.testing.assert_allclose(back.data[i], s.line_integrals, rtol=1e-6, atol=1e-6)
 
 
 def test_writer_refuses_frames_of_the_wrong_shape(tmp_path):

@@ -163,7 +163,7 @@ def simulate(out: Path = typer.Argument(..., help="Output file: NXtomo (.nxs, .h
                                           "pixels per pixel along each axis (default 4)."),
              center_error: str = typer.Option(None, "--center-error", help="With --counts: "
                                               "hidden centre-of-rotation error in detector "
-                                              "pixels, or 'random' (uniform in +-0.5; the "
+                                              "pixels, or 'random' (uniform in ±0.5; the "
                                               "default).")):
     """Simulate a sinogram and write it with its ground truth (NXtomo or .npz)."""
     from ctuq.data.geometry import Geometry
@@ -219,7 +219,8 @@ def _simulate_counts(out: Path, fmt: str, phantom: str, size: int, angles: int,
         raise InputError("--counts writes raw frames with flats and darks: use NXtomo "
                          "(.nxs, .h5, .hdf5)", field="OUT")
     if not (0 < counts <= 1e9):
-        raise InputError(f"must be from 1 to 1e9 photons, got {counts:g}", field="--counts")
+        raise InputError(f"must be > 0 and at most 1e9 photons, got {counts:g}",
+                         field="--counts")
     if not 1 <= upsample <= 16:
         raise InputError(f"must be from 1 to 16, got {upsample}", field="--upsample")
     offset: float | str = center_error.strip().lower()
