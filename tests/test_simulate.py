@@ -42,3 +42,60 @@ def test_bad_noise_arguments(op):
         simulate_sinogram(shepp_logan(32), op, noise="laplace")
     with pytest.raises(InputError, match="noise_level"):
         simulate_sinogram(shepp_logan(32), op, noise_level=-1)
+
+
+# -- ctuq simulate --counts: the realistic scan through the command line --------------
+def _cli(*args, cwd):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "COLUMNS": "120",
+           "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-m", "ctuq.app.cli", *map(str, args)],
+                       capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_cli_simulate_counts_then_info(tmp_path):
+    import json
+
+    import h5py
+    import numpy as np
+
+    from ctuq.data.io import read_sinogram
+
+    out = tmp_path / "scan.nxs"
+    rc, _, err = _cli("simulate", out, "--phantom", "ellipses", "--size", "16", "--angles", "12",
+                      "--counts", "1e4", "--upsample", "2", "--center-error", "0.3",
+                      "--seed", "4", cwd=tmp_path)
+    assert rc == 0, err
+    rc, stdout, err = _cli("info", out, cwd=tmp_path)
+    assert rc == 0, err
+    assert "n_flats" in stdout and "noise_std" not in stdout
+    sino = read_sinogram(out)
+    assert sino.meta["flat_dark_corrected"] and sino.noise_std is None
+    assert sino.geometry.center_offset == 0 and sino.ground_truth.shape == (16, 16)
+    with h5py.File(out, "r") as f:
+        hidden = json.loads(f["entry/sample/ground_truth"].attrs["simulation"])
+        keys = f["entry/instrument/detector/image_key"][()]
+    assert hidden["center_offset"] == 0.3 and hidden["I0"] == 1e4 and hidden["upsample"] == 2
+    assert np.sum(keys == 0) == 12 and np.sum(keys == 1) == 20 and np.sum(keys == 2) == 10
+
+
+@pytest.mark.parametrize("args, option", [
+    (["x.npz", "--counts", "1e4"], "OUT"),
+    (["x.nxs", "--upsample", "2"], "--upsample"),
+    (["x.nxs", "--counts", "0"], "--counts"),
+    (["x.nxs", "--counts", "1e4", "--center-error", "left"], "--center-error"),
+])
+def test_cli_simulate_counts_usage_errors(tmp_path, monkeypatch, capsys, args, option):
+    from ctuq.app.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", *args, "--size", "16", "--angles", "8"]) == 2
+    err = capsys.readouterr().err
+    assert option in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())

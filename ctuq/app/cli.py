@@ -153,7 +153,18 @@ def simulate(out: Path = typer.Argument(..., help="Output file: NXtomo (.nxs, .h
              noise: float = typer.Option(0.05, help="Noise std relative to mean |A x|."),
              geometry: str = typer.Option("parallel", help="parallel | fan"),
              seed: int = typer.Option(0, help="Seed of the phantom and the noise."),
-             overwrite: bool = typer.Option(False, help="Replace an existing OUT.")):
+             overwrite: bool = typer.Option(False, help="Replace an existing OUT."),
+             counts: float = typer.Option(None, "--counts", help="Realistic scan: open-beam "
+                                          "photon counts I0 per detector pixel; writes raw "
+                                          "frames (projections, flats, darks; NXtomo only), "
+                                          "drawn 4x finer with another projector; --noise is "
+                                          "not used."),
+             upsample: int = typer.Option(None, "--upsample", help="With --counts: fine "
+                                          "pixels per pixel along each axis (default 4)."),
+             center_error: str = typer.Option(None, "--center-error", help="With --counts: "
+                                              "hidden centre-of-rotation error in detector "
+                                              "pixels, or 'random' (uniform in ±0.5; the "
+                                              "default).")):
     """Simulate a sinogram and write it with its ground truth (NXtomo or .npz)."""
     from ctuq.data.geometry import Geometry
     from ctuq.data.io import Sinogram, write_sinogram
@@ -177,6 +188,14 @@ def simulate(out: Path = typer.Argument(..., help="Output file: NXtomo (.nxs, .h
             raise InputError(f"must be from {lo} to 16384, got {v}", field=name)
     if not (0 <= noise < 10):
         raise InputError(f"must be from 0 to 10, got {noise}", field="--noise")
+    if counts is not None:
+        _simulate_counts(out, fmt, phantom, size, angles, geometry, seed, overwrite, counts,
+                         4 if upsample is None else upsample,
+                         "random" if center_error is None else center_error)
+        return
+    for name, v in (("--upsample", upsample), ("--center-error", center_error)):
+        if v is not None:
+            raise InputError("only with --counts (a realistic scan)", field=name)
     geom = (Geometry.parallel if geometry == "parallel" else Geometry.fan)(size, angles)
     truth = make_phantom(phantom, size, seed)
     y, sigma = simulate_sinogram(truth, RayTransform(geom), noise, seed=seed)
@@ -188,6 +207,41 @@ def simulate(out: Path = typer.Argument(..., help="Output file: NXtomo (.nxs, .h
     path = writer(out, sino, overwrite=overwrite)
     note(f"wrote {path} ({'NXtomo' if fmt == 'nxtomo' else 'npz'}): {phantom} {size}², "
          f"{geom.n_angles} angles ({geometry} beam), noise std {sigma:.4g}")
+
+
+def _simulate_counts(out: Path, fmt: str, phantom: str, size: int, angles: int,
+                     geometry: str, seed: int, overwrite: bool, counts: float,
+                     upsample: int, center_error: str) -> None:
+    """``ctuq simulate --counts``: a realistic scan (photon counts, finer grid, hidden centre)."""
+    from ctuq.data.simulate import simulate_realistic
+
+    if fmt != "nxtomo":
+        raise InputError("--counts writes raw frames with flats and darks: use NXtomo "
+                         "(.nxs, .h5, .hdf5)", field="OUT")
+    if not (0 < counts <= 1e9):
+        raise InputError(f"must be > 0 and at most 1e9 photons, got {counts:g}",
+                         field="--counts")
+    if not 1 <= upsample <= 16:
+        raise InputError(f"must be from 1 to 16, got {upsample}", field="--upsample")
+    offset: float | str = center_error.strip().lower()
+    if offset != "random":
+        try:
+            offset = float(offset)
+        except ValueError:
+            raise InputError(f"must be 'random' or a number of detector pixels, got "
+                             f"{center_error!r}", field="--center-error") from None
+    try:
+        scan = simulate_realistic(phantom, size, angles, I0=counts, upsample=upsample,
+                                  center_offset=offset, seed=seed, phantom_seed=seed,
+                                  beam=geometry)
+    except InputError as exc:  # name the option, not the library's argument
+        options = {"I0": "--counts", "center_offset": "--center-error", "upsample": "--upsample"}
+        raise InputError(exc.message, file=exc.file,
+                         field=options.get(exc.field, exc.field)) from exc
+    path = scan.write(out, overwrite=overwrite)
+    note(f"wrote {path} (NXtomo, raw frames): {phantom} {size}², {angles} angles ({geometry} "
+         f"beam), I0 = {counts:g} counts, {upsample}x finer grid, hidden centre error "
+         f"{scan.hidden['center_offset']:+.3f} px (stored with the truth, not in the geometry)")
 
 
 def _number_list(text: str, kind, option: str) -> list:

@@ -10,14 +10,17 @@ Layout written by :func:`write_sinogram` (see ``docs/file_formats.md``)::
         detector/                       NXdetector
           data      [n_angles, n_det] or [n_angles, n_slices, n_det] float32
                     @quantity = "line_integral"
-          image_key [n_angles] int8, all 0 (projections)
+                    (raw frames, ``frames=``: [n_darks + n_flats + n_angles, ...]
+                    counts, @quantity = "intensity")
+          image_key [n_frames] int8: 0 projection (all, for line integrals),
+                    1 flat, 2 dark
           x_pixel_size  detector spacing @units="mm"
           [distance]    rotation axis to detector, fan beam @units="mm"
       sample/                           NXsample
         name
-        rotation_angle [n_angles] float64 @units="degree"
+        rotation_angle [n_frames] float64 @units="degree" (0 for flats, darks)
         [ground_truth] [H, W] or [n_slices, H, W] float32
-                       @noise_level @noise_std @seed @phantom
+                       @noise_level @noise_std @seed @phantom [@simulation ...]
       data/                             NXdata, links to data, rotation_angle, image_key
       ctuq/                             NXcollection: what NXtomo has no field for
         geometry    JSON text, Geometry.to_dict()
@@ -208,7 +211,8 @@ def _plain(v):
 
 
 # -- writing -------------------------------------------------------------------
-def write_sinogram(path, sinogram: Sinogram, *, overwrite: bool = False) -> Path:
+def write_sinogram(path, sinogram: Sinogram, *, overwrite: bool = False,
+                   frames: dict | None = None, truth_attrs: dict | None = None) -> Path:
     """Write a :class:`Sinogram` as a NeXus NXtomo file (ctuq's sinogram format).
 
     The file reads back with :func:`ctuq.data.io.read_sinogram` to an equal
@@ -225,6 +229,19 @@ def write_sinogram(path, sinogram: Sinogram, *, overwrite: bool = False) -> Path
     overwrite : bool, optional
         Replace an existing file. The sinogram's own source file
         (``meta['source']``) is never overwritten. Default False.
+    frames : dict, optional
+        Raw detector frames to write *instead of* the line integrals:
+        ``{'projections': (n_angles, [n_slices,] n_det), 'flats': (n_flats, ...),
+        'darks': (n_darks, ...)}`` (``darks`` optional), in counts. They are
+        written as one ``data`` array (darks, flats, projections) with
+        ``image_key`` 2/1/0 and ``quantity = "intensity"``; ``rotation_angle``
+        has one entry per frame (0 for flats and darks). Reading the file
+        back gives ``-log((I - D̄)/(F̄ - D̄))``, not ``sinogram.data``.
+        Default: write the line integrals.
+    truth_attrs : dict, optional
+        Extra attributes of ``/entry/sample/ground_truth`` (numbers or text),
+        e.g. facts a benchmark keeps from the reconstruction; ctuq's reader
+        does not read them. Needs a ground truth.
 
     Returns
     -------
@@ -241,14 +258,47 @@ def write_sinogram(path, sinogram: Sinogram, *, overwrite: bool = False) -> Path
         raise InputError(f"must be a Sinogram, got {type(sinogram).__name__}", field="sinogram")
     meta = {k: v for k, v in sinogram.meta.items() if k not in ("source", "format")}
     meta_json = dumps(meta, field="meta", file=path)
+    raw = None if frames is None else _raw_frames(sinogram, frames)
+    if truth_attrs and sinogram.ground_truth is None:
+        raise InputError("truth_attrs given but the sinogram has no ground truth",
+                         field="truth_attrs")
     H.require_h5py()
     with atomic_output(path, overwrite=overwrite, protect=[sinogram.meta.get("source")]) as tmp:
         with H.h5py.File(tmp, "w") as f:
-            _write(f, sinogram, meta, meta_json)
+            _write(f, sinogram, meta, meta_json, raw, dict(truth_attrs or {}))
     return Path(os.fspath(path))
 
 
-def _write(f, s: Sinogram, meta: dict, meta_json: str) -> None:
+def _raw_frames(s: Sinogram, frames: dict) -> tuple[np.ndarray, np.ndarray]:
+    """``(data, image_key)`` of raw frames: darks, flats, projections, in that order."""
+    unknown = sorted(set(frames) - {"projections", "flats", "darks"})
+    if unknown:
+        raise InputError("unknown frame kind; expected projections, flats, darks",
+                         field=f"frames.{unknown[0]}")
+    for k in ("projections", "flats"):
+        if frames.get(k) is None:
+            raise InputError("is missing", field=f"frames.{k}")
+    want = (s.geometry.n_angles,) + (s.data.shape[:1] if s.is_stack else ()) \
+        + (s.geometry.n_detector,)
+    parts, keys = [], []
+    for k, key in (("darks", 2), ("flats", 1), ("projections", 0)):
+        if frames.get(k) is None:
+            continue
+        arr = np.asarray(frames[k])
+        if arr.dtype.kind not in "iuf" or arr.ndim != len(want) or arr.shape[1:] != want[1:] \
+                or (key == 0 and arr.shape != want) or arr.shape[0] == 0:
+            raise InputError(f"has shape {arr.shape} ({arr.dtype}); frames of shape "
+                             f"{want[1:]} expected" + (f", {want[0]} of them" if key == 0 else ""),
+                             field=f"frames.{k}")
+        if not np.all(np.isfinite(arr)) or arr.min() < 0:
+            raise InputError("must be finite and >= 0 (counts)", field=f"frames.{k}")
+        parts.append(arr)
+        keys.append(np.full(arr.shape[0], key, dtype=np.int8))
+    return np.concatenate(parts).astype(np.float32), np.concatenate(keys)
+
+
+def _write(f, s: Sinogram, meta: dict, meta_json: str, raw=None,
+           truth_attrs: dict | None = None) -> None:
     g = s.geometry
     f.attrs["default"] = "entry"
     f.attrs["creator"] = f"ctuq {_version()}"
@@ -264,21 +314,29 @@ def _write(f, s: Sinogram, meta: dict, meta_json: str) -> None:
         H.write_array(src, "distance", np.float64(-g.source_origin), units="mm")
 
     det = H.new_group(inst, "detector", "NXdetector")
-    data = s.data if not s.is_stack else s.data.transpose(1, 0, 2)  # [angles, rows, det]
-    H.write_array(det, "data", data, quantity="line_integral",
-                  long_name="line integral -log(I/I0)")
-    H.write_array(det, "image_key", np.zeros(g.n_angles, dtype=np.int8))
+    if raw is None:
+        data = s.data if not s.is_stack else s.data.transpose(1, 0, 2)  # [angles, rows, det]
+        H.write_array(det, "data", data, quantity="line_integral",
+                      long_name="line integral -log(I/I0)")
+        image_key = np.zeros(g.n_angles, dtype=np.int8)
+    else:
+        data, image_key = raw
+        H.write_array(det, "data", data, quantity="intensity", long_name="detector counts")
+    H.write_array(det, "image_key", image_key)
     H.write_array(det, "x_pixel_size", np.float64(g.detector_spacing), units="mm")
     if g.beam == "fan":
         H.write_array(det, "distance", np.float64(g.origin_detector), units="mm")
 
     sample = H.new_group(entry, "sample", "NXsample")
     H.write_str(sample, "name", str(meta.get("phantom", "sample")))
-    H.write_array(sample, "rotation_angle", g.angles_deg.astype(np.float64), units="degree")
+    angles = np.zeros(image_key.size)
+    angles[image_key == 0] = g.angles_deg
+    H.write_array(sample, "rotation_angle", angles, units="degree")
     if s.ground_truth is not None:
         attrs = {k: meta[k] for k in GT_ATTRS
                  if k in meta and isinstance(meta[k], (int, float, str, np.number))
                  and not isinstance(meta[k], bool)}
+        attrs.update(truth_attrs or {})
         H.write_array(sample, "ground_truth", s.ground_truth, **attrs)
 
     nxdata = H.new_group(entry, "data", "NXdata", signal="data")
