@@ -9,17 +9,20 @@ pixels. Two published estimators use this:
 
 - ``'mirror'``: for scans holding pairs of projections ``π`` apart (360°
   scans), the cross-correlation of each row at ``θ + π`` with the flipped
-  row at ``θ`` peaks at ``2δ``; the pairs are summed before the peak is taken, and the peak is refined
-  by least squares between the pairs, the flipped rows Fourier-shifted on a
-  0.1-pixel grid and a parabola through the three best.
+  row at ``θ`` peaks at ``2δ``; the pairs are summed before the peak is
+  taken, and the peak is refined by least squares between the pairs (the
+  flipped rows Fourier-shifted on a 0.1-pixel grid, a parabola through the
+  three best).
 - ``'vo'``: Vo, Atwood & Drakopoulos 2014, "Reliable method for calculating
   the center of rotation in parallel-beam tomography", Opt. Express 22(16),
   19078. The 0–180° sinogram and its flipped copy, shifted by ``2δ``, form a
   360° sinogram; only at the right ``δ`` is it consistent, and the energy of
   its 2-D Fourier transform outside the double wedge ``|k_θ| ≤ R |ω|`` that an
   object of radius ``R`` occupies is then smallest. Angles covering 180° are
-  needed (non-equispaced ones are interpolated onto an equispaced grid); the
-  minimum is searched on a 0.5-pixel grid, then refined by a parabola.
+  needed (non-equispaced ones are interpolated onto an equispaced grid;
+  the detector is zero-padded rather than filled as in the paper); the
+  minimum is searched on a 0.25-pixel grid of the offset, then on a
+  0.05-pixel grid with a parabola through the three best.
 
 Both return a confidence in ``[0, 1]``: ``'mirror'`` the correlation
 coefficient of the aligned pairs (1: identical), ``'vo'`` the relative depth

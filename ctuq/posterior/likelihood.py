@@ -190,7 +190,9 @@ class WhitenedOperator:
 
 
 class LinearGaussianLikelihood(Likelihood):
-    """``y = A f(θ) + η``, ``η ~ N(0, σ² V)``, linearised: ``Φ = V^{-1/2} A J``, ``ỹ = V^{-1/2}(y − A f(θ̃)) + Φ θ̃``.
+    """``y = A f(θ) + η``, ``η ~ N(0, σ² V)``, linearised: ``Φ = V^{-1/2} A J``, ``ỹ = V^{-1/2} y − …``.
+
+    The target is ``ỹ = V^{-1/2}(y − A f(θ̃)) + Φ θ̃``.
 
     ``V = diag(v)`` holds per-ray relative noise variances (``ray_variance``;
     ``V = I`` by default, the white-noise model ``σ² I``). The likelihood is

@@ -29,7 +29,7 @@ from ctuq.errors import InputError
 #: ``strip``; 3–5 % noise, TV fits of 300 iterations) the right geometry gave
 #: 1.0–4.9 (the discretisation error of a 32² grid is not noise), a 5-pixel
 #: centre error ≥ 50, angles in degrees read as radians ≥ 27, a 1.5× pixel
-#: size on a head filling the field 14–38 (tests/test_diagnostics.py).
+#: size on a head filling the field 14–38.
 MISFIT_THRESHOLD = 8.0
 #: A single angle's χ²/dof above ``ANGLE_THRESHOLD_FACTOR × threshold`` is a
 #: misfit too (one corrupt projection barely moves the overall χ²).
