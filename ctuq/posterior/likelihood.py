@@ -40,7 +40,7 @@ from torch import Tensor
 from ctuq.errors import InputError
 from ctuq.posterior.linearize import Linearization
 
-__all__ = ["Likelihood", "LinearGaussianLikelihood", "dense_matrix"]
+__all__ = ["Likelihood", "LinearGaussianLikelihood", "WhitenedOperator", "dense_matrix"]
 
 
 class Likelihood:
@@ -165,8 +165,46 @@ class Likelihood:
             pos += size
 
 
+class WhitenedOperator:
+    """``V^{-1/2} A``: a linear operator whose range rows are divided by ``sqrt(v)``.
+
+    ``A(x) = A₀(x) / sqrt(v)`` and ``A_adjoint(s) = A₀ᵀ(s / sqrt(v))`` (the exact
+    adjoint), ``v`` a positive tensor of the range's shape (per-ray relative
+    noise variances). Other attributes are those of the wrapped operator.
+    """
+
+    def __init__(self, operator, variance: Tensor):
+        self.base = operator
+        self.inv_sqrt = variance.rsqrt()
+
+    def __getattr__(self, name):
+        if name in ("base", "inv_sqrt"):   # not set yet (copy, unpickling)
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def A(self, x: Tensor) -> Tensor:
+        return self.base.A(x) * self.inv_sqrt.to(x.dtype)
+
+    def A_adjoint(self, s: Tensor) -> Tensor:
+        return self.base.A_adjoint(s * self.inv_sqrt.to(s.dtype))
+
+
 class LinearGaussianLikelihood(Likelihood):
-    """``y = A f(θ) + η``, ``η ~ N(0, σ² I)``, linearised: ``Φ = A J`` and ``ỹ = y − A f(θ̃) + Φ θ̃``.
+    """``y = A f(θ) + η``, ``η ~ N(0, σ² V)``, linearised: ``Φ = V^{-1/2} A J``, ``ỹ = V^{-1/2} y − …``.
+
+    The target is ``ỹ = V^{-1/2}(y − A f(θ̃)) + Φ θ̃``.
+
+    ``V = diag(v)`` holds per-ray relative noise variances (``ray_variance``;
+    ``V = I`` by default, the white-noise model ``σ² I``). The likelihood is
+    written in whitened form: every product with ``Φ``/``Φᵀ``, the target, the
+    normal products, ``diag(ΦᵀΦ)`` (the g-prior's scales) and the dense
+    oracles use ``V^{-1/2} A`` (``operator`` is the whitened one), so the
+    samplers, the evidence and the EM see ``½‖ỹ − Φθ‖²/σ²`` as with white
+    noise. The EM's noise update then learns the common factor ``σ²`` of
+    ``σ² v_i``; with ``v`` the absolute variances (e.g. from
+    :mod:`ctuq.data.counts`), keep ``σ² = 1`` fixed. The log-likelihood of
+    the raw data differs from the whitened one by the constant
+    ``−½ Σ log v_i`` (:attr:`log_det_variance` holds ``Σ log v_i``).
 
     Parameters
     ----------
@@ -174,7 +212,7 @@ class LinearGaussianLikelihood(Likelihood):
         The Jacobian operator of the fitted network (output ``[H, W]``).
     operator
         Any linear map of the network output with ``A(x)`` (``[..., *domain]`` →
-        ``[..., *range]``), its adjoint ``A_adjoint(s)`` and ``range_shape``
+        ``[..., *range]``), its adjoint ``A_adjoint(s)``, ``range_shape`` and ``domain_shape``
         (CT: :class:`ctuq.data.operators.RayTransform`). The mini-batch axis
         is the first axis of its range (the projection angles).
     y : Tensor, shape ``range_shape``, optional
@@ -183,6 +221,25 @@ class LinearGaussianLikelihood(Likelihood):
     batch_axis : str, optional
         What the first range axis counts (messages; CT: ``"projection angles"``).
         Default ``"rows of the operator's range"``.
+    ray_variance : float or Tensor, optional
+        ``v``: relative noise variance per measurement, a positive scalar or a
+        tensor that broadcasts to ``range_shape``; the noise covariance is
+        ``σ² diag(v)``. Default None: ``v = 1`` (the operator is used
+        unwrapped, bit for bit the white-noise likelihood).
+
+    Attributes
+    ----------
+    operator
+        The operator the likelihood applies: ``V^{-1/2} A`` (a
+        :class:`WhitenedOperator`) when ``ray_variance`` is given, else ``A``.
+    raw_operator
+        ``A`` as given.
+    y : Tensor or None
+        The data as given (not whitened).
+    ray_variance : Tensor or None
+        ``v``, float32, ``range_shape``.
+    log_det_variance : float
+        ``Σ log v_i`` (0 without ``ray_variance``).
 
     Notes
     -----
@@ -193,12 +250,17 @@ class LinearGaussianLikelihood(Likelihood):
     """
 
     def __init__(self, lin: Linearization, operator, y: Tensor | None = None, *,
-                 batch_axis: str = "rows of the operator's range"):
+                 batch_axis: str = "rows of the operator's range", ray_variance=None):
         self.lin = lin
         self.batch_axis = batch_axis
-        self.operator = operator
+        self.raw_operator = operator
         self.obs_shape = tuple(int(s) for s in operator.range_shape)
         self.num_observations = math.prod(self.obs_shape)
+        self.ray_variance = None if ray_variance is None else self._as_variance(ray_variance)
+        self.log_det_variance = 0.0 if self.ray_variance is None else float(
+            self.ray_variance.double().log().sum())
+        self.operator = operator if self.ray_variance is None else WhitenedOperator(
+            operator, self.ray_variance)
         self.y = None if y is None else self._as_data(y)
         self.target = None if self.y is None else self._linear_target(self.y)
 
@@ -210,9 +272,29 @@ class LinearGaussianLikelihood(Likelihood):
                              f"{shape}", field="sinogram")
         return y.reshape(shape).to(self.lin.device)
 
+    def _as_variance(self, v) -> Tensor:
+        v = torch.as_tensor(v, dtype=torch.float32)
+        if not bool(torch.isfinite(v).all()) or not bool((v > 0).all()):
+            raise InputError("must be positive and finite", field="ray_variance")
+        try:
+            v = torch.broadcast_to(v, self.obs_shape)
+        except RuntimeError:
+            raise InputError(f"shape {tuple(v.shape)} does not fit the data's "
+                             f"{self.obs_shape}", field="ray_variance") from None
+        return v.contiguous().to(self.lin.device)
+
+    @property
+    def y_white(self) -> Tensor | None:
+        """``V^{-1/2} y``: the data on the scale of ``Φ`` (``y`` without ``ray_variance``)."""
+        if self.y is None or self.ray_variance is None:
+            return self.y
+        return self.y * self.ray_variance.rsqrt()
+
     def _linear_target(self, y: Tensor) -> Tensor:
-        """``ỹ = y − A f(θ̃) + Φ θ̃``, the target of the linear model (``obs_shape``)."""
+        """``ỹ = V^{-1/2}(y − A f(θ̃)) + Φ θ̃``, the target of the linear model (``obs_shape``)."""
         lin, op = self.lin, self.operator
+        if self.ray_variance is not None:
+            y = y * self.ray_variance.rsqrt()
         with torch.no_grad():
             return y - op.A(lin.x_hat) + op.A(lin.jvp(lin.theta_hat))
 

@@ -35,6 +35,17 @@ log = logging.getLogger(__name__)
 
 TV_WEIGHT_FACTOR = 1.0
 
+#: :func:`estimate_noise_std`: a pixel is in the object's shadow when its
+#: 3-pixel mean exceeds this many noise stds; chosen on validation-split
+#: phantoms (3 and 4 within 2 % of each other; 4 triggers less on noise).
+NOISE_AIR_THRESHOLD = 4.0
+#: Pixels beside the shadow not counted as air (the rim of a smooth edge).
+NOISE_AIR_MARGIN = 3
+#: Alternations of shadow detection and estimate (converged after 3 in tests).
+NOISE_AIR_ITERATIONS = 5
+#: Fewest air degrees of freedom for an air estimate.
+NOISE_AIR_MIN_SAMPLES = 32
+
 
 def fbp_reconstruction(y, op: RayTransform, filter_type: str = "Hann",
                        frequency_scaling: float = 1.0) -> torch.Tensor:
@@ -125,16 +136,117 @@ def default_tv_weight(op: RayTransform, noise_std: float) -> float:
     return TV_WEIGHT_FACTOR * float(noise_std) * rms_column_norm(op)
 
 
-def estimate_noise_std(y) -> float:
-    """Noise std of a sinogram from its finest detector differences (MAD, robust).
+def _detail_mad_std(y: np.ndarray) -> float:
+    """Donoho's MAD of the finest detector-direction details (stencil ``[1, -2, 1]``).
 
-    Smooth sinograms have small second differences along the detector, so
-    the median absolute second difference, scaled for Gaussian noise
-    (``sqrt(6)`` for the stencil ``[1, -2, 1]``), estimates the noise std.
+    Unbiased on pure noise; on a sinogram the object's own high frequencies
+    add to it, so it is an upper bound (50 % to 10× too high at 0.5 % noise).
     """
-    y = torch.as_tensor(y, dtype=torch.float64)
-    d2 = y[..., 2:] - 2 * y[..., 1:-1] + y[..., :-2]
-    return float(1.4826 * d2.abs().median() / math.sqrt(6.0))
+    d2 = y[:, 2:] - 2 * y[:, 1:-1] + y[:, :-2]
+    return float(1.4826 * np.median(np.abs(d2)) / math.sqrt(6.0)) if d2.size else 0.0
+
+
+def _air_std(y: np.ndarray, sigma0: float, threshold: float = NOISE_AIR_THRESHOLD,
+             margin: int = NOISE_AIR_MARGIN) -> tuple[float, int]:
+    """Std of the detector pixels outside the object's shadow, and how many there are.
+
+    Per row, the object's shadow runs from the first to the last pixel whose
+    3-pixel mean exceeds ``threshold`` times its noise std ``sigma0/√3``;
+    the pixels beyond it, less ``margin`` pixels, are air. Each run of air
+    pixels (left and right of each row) loses its own mean (a flat-field
+    offset per projection does not count as noise), one degree of freedom
+    each. Returns ``(inf, n)`` when fewer than ``NOISE_AIR_MIN_SAMPLES``
+    degrees of freedom remain.
+    """
+    n_rows, n_det = y.shape
+    smooth = np.abs(y[:, :-2] + y[:, 1:-1] + y[:, 2:]) / 3
+    above = smooth > threshold * sigma0 / math.sqrt(3.0)
+    has = above.any(axis=1)
+    first = np.where(has, above.argmax(axis=1) + 1, n_det // 2)
+    last = np.where(has, n_det - 2 - above[:, ::-1].argmax(axis=1), n_det // 2)
+    cols = np.arange(n_det)[None, :]
+    left = cols < (first - margin)[:, None]
+    right = cols > (last + margin)[:, None]
+    ss, n, groups = 0.0, 0, 0
+    for mask in (left, right):
+        counts = mask.sum(axis=1)
+        keep = counts >= 2
+        if not keep.any():
+            continue
+        vals = np.where(mask, y, 0.0)[keep]
+        counts = counts[keep]
+        means = vals.sum(axis=1) / counts
+        dev = np.where(mask[keep], y[keep] - means[:, None], 0.0)
+        ss += float((dev**2).sum())
+        n += int(counts.sum())
+        groups += int(keep.sum())
+    if n - groups < NOISE_AIR_MIN_SAMPLES:
+        return math.inf, n
+    return math.sqrt(ss / (n - groups)), n
+
+
+def estimate_noise_std(y) -> float:
+    """Noise std of a parallel-beam sinogram, from the air beside the object.
+
+    Estimator: the detector pixels outside the object's shadow (air) carry
+    only noise. Starting from Donoho's wavelet-MAD estimate of the finest
+    detector details (Donoho & Johnstone 1994, "Ideal spatial adaptation by
+    wavelet shrinkage", Biometrika 81(3); an upper bound here, since the
+    object's edges add to the details), each row's shadow is found by
+    thresholding its 3-pixel running mean at ``NOISE_AIR_THRESHOLD`` noise
+    stds; the pixels beyond it (less ``NOISE_AIR_MARGIN`` pixels, against
+    the shadow's faint rim) give the std about the mean of each run, with
+    one degree of freedom per run removed. The threshold uses the current
+    estimate, so the two steps are iterated (``NOISE_AIR_ITERATIONS``
+    times; the estimate only decreases). The result is the smaller of the
+    two estimates: without enough air (an object wider than the field of
+    view, fewer than ``NOISE_AIR_MIN_SAMPLES`` air pixels) it is the
+    wavelet-MAD upper bound, and a warning is logged.
+
+    Measured on off-grid simulations (phantoms of the validation split
+    rendered at 4× and projected by ASTRA's ``strip`` projector, white
+    Gaussian noise of std ``p · mean|A x|``): within ±10 % of the truth
+    over 28²–256² images, 20–180 angles over 180° and p = 0.5–10 %, bias
+    below 1 %; at 28² with 20 angles (about 300 air pixels) the sampling
+    error is ±4.8 % and 4 % of draws fall outside ±10 % (up to 13 %). The
+    wavelet-MAD estimate alone is 1.3–10× too high on the same data.
+
+    Assumes white noise of one std and a detector that sees air on both
+    sides of the object. On photon-count data the air rays are the least
+    noisy ones, so the estimate is the noise of unattenuated rays, a lower
+    bound for the rest: use the per-ray variances of :mod:`ctuq.data.counts`
+    there.
+
+    Parameters
+    ----------
+    y : Tensor or array_like, shape (..., n_angles, n_detector)
+        The sinogram (line integrals); leading axes (slices) are pooled.
+
+    Returns
+    -------
+    float
+        The noise std, in the sinogram's unit.
+    """
+    if isinstance(y, torch.Tensor):
+        y = y.detach().cpu().double().numpy()
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim < 2:
+        raise InputError(f"expected a sinogram (n_angles, n_detector), got shape {y.shape}",
+                         field="sinogram")
+    y = y.reshape(-1, y.shape[-1])
+    if y.shape[1] < 3:
+        raise InputError(f"need at least 3 detector pixels, got {y.shape[1]}", field="sinogram")
+    sigma = _detail_mad_std(y)
+    n_air = 0
+    for _ in range(NOISE_AIR_ITERATIONS):
+        air, n_air = _air_std(y, sigma)
+        if not air < sigma:
+            break
+        sigma = air
+    if not math.isfinite(air) and n_air < NOISE_AIR_MIN_SAMPLES:
+        log.warning("noise std from the wavelet-MAD estimate only (%d air pixels beside the "
+                    "object): an upper bound", n_air)
+    return float(sigma)
 
 
 def _odl_wrap(op: RayTransform, scale: float = 1.0):
