@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import os
 import platform
+import time
 
 from ctuq.recon.allocator import allocator_setting
 
@@ -65,13 +67,43 @@ def provenance(*, device, threads: int, request: dict | None = None,
     return out
 
 
+def free_cores(samples: int = 5, interval: float = 0.02) -> int:
+    """CPU cores this process may use that no other process is busy on now.
+
+    The cores of the process's affinity mask less the other runnable
+    processes (``/proc/loadavg``'s running count, median of ``samples``
+    reads, the reader itself not counted); at least 1. torch's OpenMP threads
+    spin while they wait, so a run that takes every core of a busy machine
+    slows itself and the others far beyond a fair share. All cores where the
+    count cannot be read.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+        except (OSError, ValueError, IndexError):
+            return cores
+        if i + 1 < samples:
+            time.sleep(interval)
+    busy = sorted(counts)[len(counts) // 2]
+    return max(1, min(cores, cores - busy))
+
+
 @contextlib.contextmanager
 def torch_threads(n: int | None):
-    """Run with ``n`` torch threads (None: leave the count alone), then restore it."""
+    """Run with ``n`` torch threads (None: the cores free now, :func:`free_cores`),
+    then restore the count."""
     import torch
 
     old = torch.get_num_threads()
-    if n is not None and n != old:
+    if n is None:
+        n = min(old, free_cores())
+    if n != old:
         torch.set_num_threads(int(n))
     try:
         yield torch.get_num_threads()
