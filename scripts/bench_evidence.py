@@ -25,24 +25,23 @@ Usage::
 
     python scripts/bench_evidence.py                 # full: 10 phantoms, reference-28
     python scripts/bench_evidence.py --quick         # 2 phantoms, small U-net, minutes
-    python scripts/bench_evidence.py --out docs/bench_evidence.json
+    python scripts/bench_evidence.py --out benchmarks/results/bench_evidence.json
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
-import math
-import os
-import platform
 import sys
 import time
 
 import numpy as np
 import torch
 
+from ctuq.bench.machine import machine
+from ctuq.bench.runner import dump_json, run_resumable
+from ctuq.bench.scores import quality
 from ctuq.data.geometry import Geometry
 from ctuq.data.operators import RayTransform
 from ctuq.data.phantoms import digits
@@ -57,14 +56,6 @@ from ctuq.recon.predcp import PredCPOptions
 log = logging.getLogger("bench_evidence")
 
 
-def quality(gt, x_hat, var) -> dict:
-    std = var.clamp_min(0).sqrt()
-    cov = predictive.coverage(gt, x_hat, std)
-    return {"test_ll": predictive.pixel_log_likelihood(gt, x_hat, std),
-            "coverage_1sigma": cov[1], "coverage_2sigma": cov[2],
-            "mean_std": float(std.mean())}
-
-
 def exact_variance(orc: EvidenceOracle, ex: ExactPosterior, prior, noise_var, lengthscales):
     """Exact per-pixel posterior variance (fast path unless the lengthscales moved)."""
     if not lengthscales:
@@ -75,7 +66,7 @@ def exact_variance(orc: EvidenceOracle, ex: ExactPosterior, prior, noise_var, le
 
 def run_case(i: int, gt: np.ndarray, op, args) -> dict:
     y, sigma = simulate_sinogram(gt, op, 0.05, seed=1000 + i)
-    case = {"index": i, "noise_std": sigma}
+    case = {"id": i, "index": i, "noise_std": sigma}
     dcfg = DIPConfig.for_image_size(28, seed=i, progress_every=10**6)
     if args.quick:
         dcfg = dcfg.with_(iterations=300, unet=unet_preset("reference-28").with_(channels=(8,) * 3))
@@ -211,84 +202,6 @@ def summarize(cases, prior, ks) -> dict:
     return s
 
 
-def read_cases(path, key: str) -> dict:
-    """Finished cases of an interrupted run: the JSON lines of ``path`` by ``case[key]``."""
-    done = {}
-    if path and os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                c = json.loads(line)
-                done[c[key]] = c
-        log.info("resuming: %d finished cases read from %s", len(done), path)
-    return done
-
-
-def append_case(path, case: dict) -> None:
-    """Append one finished case to the JSON-lines file ``path`` (no-op without a path)."""
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(case) + "\n")
-
-
-def _call_case(fn, case, previous):
-    """``fn(case)``, or ``fn(case, previous=row)`` to complete a read-back row (picklable)."""
-    return fn(case) if previous is None else fn(case, previous=previous)
-
-
-def run_resumable(cases: list[dict], partial, run_one, jobs: int = 1,
-                  pool_run=None, complete=None) -> list[dict]:
-    """Every case's result, by ``run_one(case)``, resuming from the JSON lines of ``partial``.
-
-    Cases already in ``partial`` (by ``case["id"]``) are read back, not rerun;
-    each finished case is appended at once, so an interrupted run loses at
-    most the cases in flight. A read-back row for which ``complete(row)`` is
-    false (default: none) is passed on as ``run_one(case, previous=row)`` to
-    be completed; the completed row is appended and, being the last, wins on
-    the next read-back. ``jobs > 1``: a process pool runs ``pool_run``
-    (default ``run_one``; picklable, e.g. one that first sets up the worker's
-    logging). Results in the order of ``cases``.
-    """
-    import concurrent.futures as cf
-
-    done = read_cases(partial, "id")
-    todo = [(c, None) for c in cases if c["id"] not in done]
-    if complete is not None:
-        todo += [(c, done[c["id"]]) for c in cases
-                 if c["id"] in done and not complete(done[c["id"]])]
-
-    def keep(res):
-        done[res["id"]] = res
-        append_case(partial, res)
-        log.info("finished %s (%d/%d)", res["id"], len(cases) - len(todo) + next(count),
-                 len(cases))
-
-    count = iter(range(1, len(todo) + 1))
-    if jobs > 1 and len(todo) > 1:
-        with cf.ProcessPoolExecutor(jobs) as pool:
-            futures = [pool.submit(_call_case, pool_run or run_one, c, prev) for c, prev in todo]
-            for fut in cf.as_completed(futures):
-                keep(fut.result())
-    else:
-        for c, prev in todo:
-            keep(_call_case(run_one, c, prev))
-    return [done[c["id"]] for c in cases]
-
-
-def _clean(o):
-    """JSON-safe: non-finite floats → None, tensors/arrays → lists."""
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    if isinstance(o, (torch.Tensor, np.ndarray)):
-        return _clean(o.tolist())
-    if isinstance(o, (float, np.floating)):
-        return float(o) if math.isfinite(o) else None
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    return o
-
-
 def mean_of(cases, path) -> float:
     vals = []
     for c in cases:
@@ -323,14 +236,8 @@ def main(argv=None) -> int:
     op = RayTransform(Geometry.parallel(28, 20))
     images = digits(n, 28, seed=0)
     t0 = time.perf_counter()
-    done = read_cases(args.partial, "index")  # resume after an interruption
-    cases = []
-    for i in range(n):
-        if i in done:
-            cases.append(done[i])
-            continue
-        cases.append(run_case(i, images[i], op, args))
-        append_case(args.partial, _clean(cases[-1]))
+    cases = run_resumable([{"id": i} for i in range(n)], args.partial,  # resumes
+                          lambda c: run_case(c["id"], images[c["id"]], op, args))
     ks = [str(k) for k in args.ks]
     summary = {p: summarize(cases, p, ks) for p in args.priors}
     targets = {p: summary[p].pop("targets") for p in args.priors}
@@ -345,16 +252,10 @@ def main(argv=None) -> int:
         "summary": summary,
         "targets": targets,
         "cases": cases,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "cpus": os.cpu_count()},
+        "machine": machine("cpu"),
         "wall_time": time.perf_counter() - t0,
     }
-    text = json.dumps(_clean(doc), indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    dump_json(doc, sys.stdout, path=args.out)
     return 0
 
 

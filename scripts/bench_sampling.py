@@ -34,74 +34,18 @@ import json
 import logging
 import math
 import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-# the seeded toy problem is a test fixture: tests/toy_problem.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from ctuq.bench.machine import components, machine as _machine, median_s as _median_s, sync as _sync
+from ctuq.bench.toy import toy_problem
 
 log = logging.getLogger("bench_sampling")
 
 PROBLEMS = {28: (20, "reference-28"), 64: (45, "dip-64"), 128: (90, "dip-128")}
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _median_s(fn, repeats: int, device) -> float:
-    fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _machine(device) -> dict:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    out = {"cpu": cpu, "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
-           "torch": torch.__version__, "python": platform.python_version(),
-           "device": str(device)}
-    if device.type == "cuda":
-        out["gpu"] = torch.cuda.get_device_name(device)
-    try:
-        out["load_average_start"] = os.getloadavg()
-    except OSError:
-        pass
-    return out
-
-
-def components(lin, op, m: int, repeats: int, device, gen) -> dict:
-    """Median seconds of one batched JVP, VJP, ``A`` and ``Aᵀ`` on ``m`` vectors, and their sum."""
-    V = torch.randn(m, lin.num_params, generator=gen).to(device)
-    U = torch.randn(m, *lin.image_shape, generator=gen).to(device)
-    S = torch.randn(m, *op.range_shape, generator=gen).to(device)
-    with torch.no_grad():
-        comp = {"jvp": _median_s(lambda: lin.jvp(V), repeats, device),
-                "vjp": _median_s(lambda: lin.vjp(U), repeats, device),
-                "A": _median_s(lambda: op.A(U), repeats, device),
-                "A_adjoint": _median_s(lambda: op.A_adjoint(S), repeats, device)}
-    comp["sum"] = sum(comp.values())
-    return comp
 
 
 def _accuracy(post, ex, var_exact, mask) -> dict:
@@ -124,7 +68,6 @@ def bench_size(size: int, args, device) -> dict:
     from ctuq.posterior import (BlockPrior, CGOptions, CGSampler, ExactPosterior,
                                 ObservationKernel, STOOptions, STOSampler, batched_cg)
     from ctuq.recon.evidence import ct_likelihood
-    from toy_problem import toy_problem
 
     n_angles, preset = PROBLEMS[size]
     t0 = time.perf_counter()

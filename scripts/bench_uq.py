@@ -69,8 +69,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_evidence import _clean, run_resumable  # same folder: scripts/
-from bench_sampling import _machine, _median_s, _sync, components
+from ctuq.bench.machine import PeakMemory, components, machine as _machine, \
+    median_s as _median_s, sync as _sync
+from ctuq.bench.runner import clean as _clean, run_resumable
+from ctuq.bench.scores import uq_summary
 
 log = logging.getLogger("bench_uq")
 
@@ -104,22 +106,8 @@ def quality_cases(args) -> list[dict]:
 
 
 def score(truth, mean, std, samples=None) -> dict:
-    """Every metric of one method; diagonal methods (no samples) get patch LL = pixel LL."""
-    from ctuq.recon import predictive
-
-    # no variance floor; a method with an exactly zero std somewhere (MC dropout's
-    # saturated pixels) is scored as it is: log N with variance 1e-300 there, -inf
-    # (JSON null) where its error is not zero, and the count of such pixels reported
-    zero = int((torch.as_tensor(std) == 0).sum())
-    s = predictive.summary(truth, mean, std, samples, patch_sizes=PATCH_SIZES,
-                           floor=1e-300 if zero else 0.0)
-    s["zero_std_pixels"] = zero
-    if samples is None:
-        s["patch_log_likelihood"] = {str(k): s["pixel_log_likelihood"] for k in PATCH_SIZES}
-        s["patch_diagonal"] = True
-    s["reliability"] = predictive.reliability(truth, mean, std)["observed"]
-    s.pop("coverage_nominal", None)
-    return s
+    """Every metric of one method (:func:`ctuq.bench.scores.uq_summary`, patch sizes 1–10)."""
+    return uq_summary(truth, mean, std, samples, patch_sizes=PATCH_SIZES)
 
 
 def exact_lla(dip, op, y, noise_std: float, seed: int):
@@ -280,45 +268,6 @@ def summarize_quality(results: list[dict]) -> dict:
 
 # ------------------------------------------------------------------------------
 # speed and scaling
-
-
-class PeakMemory:
-    """Peak memory of a block: process RSS polled every 10 ms (CPU) or CUDA's peak."""
-
-    def __init__(self, device):
-        self.device = device
-
-    @staticmethod
-    def rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def __enter__(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return self
-        self.base, self.peak, self._stop = self.rss(), self.rss(), threading.Event()
-
-        def poll():
-            while not self._stop.wait(0.01):
-                self.peak = max(self.peak, self.rss())
-        self._thread = threading.Thread(target=poll, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
-            self.kind = "cuda max_memory_allocated"
-        else:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self.peak, self.rss())
-            self.peak_bytes = self.peak
-            self.kind = "process RSS"
-        return False
 
 
 def run_scaling_size(size: int, args, device) -> dict:
