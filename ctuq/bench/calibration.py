@@ -87,6 +87,9 @@ class CalibrationRun:
         Also these methods. Default False, True.
     mc_samples : int
         MC-dropout passes. Default 128.
+    uncertainty : dict, optional
+        Further ``[uncertainty]`` settings of every reconstruction (e.g.
+        fewer samples in a test). Default None.
     """
 
     threads: int = 1
@@ -98,6 +101,7 @@ class CalibrationRun:
     ivon: bool = False
     mc_dropout: bool = True
     mc_samples: int = 128
+    uncertainty: dict | None = None
 
 
 def reconstruction_config(case: dict, run: CalibrationRun, **uncertainty):
@@ -109,7 +113,8 @@ def reconstruction_config(case: dict, run: CalibrationRun, **uncertainty):
     """
     from ctuq.recon.config import ReconstructionConfig
 
-    unc = {"model_error": "heldout", **({"em_steps": 2} if run.quick else {}), **uncertainty}
+    unc = {"model_error": "heldout", **({"em_steps": 2} if run.quick else {}),
+           **(run.uncertainty or {}), **uncertainty}
     return ReconstructionConfig(seed=case["index"], device="cpu", threads=run.threads,
                                 dip={"iterations": run.quick_iterations} if run.quick else {},
                                 uncertainty=unc)
