@@ -2,7 +2,8 @@
 """Calibration of ctuq's uncertainty on images no setting has seen (issue 21).
 
 Prints one JSON document on stdout (progress on stderr); with ``--docs DIR``
-also writes ``DIR/calibration.md`` (tables) and one reliability plot per size.
+also writes ``DIR/calibration.md`` (tables) and one reliability plot per size
+(into ``--plots``, default ``benchmarks/results``).
 
 **Cases** come from one split of :mod:`ctuq.data.splits` (``--split``; the
 README's numbers come from ``test``, defaults were chosen on
@@ -105,7 +106,9 @@ def main(argv=None):
     ap.add_argument("--arrays", default=None,
                     help="keep each case's truth, reconstruction and posterior variances "
                          "here, so that a later --calibration can rescore them")
-    ap.add_argument("--docs", default=None, help="write calibration.md and the plots here")
+    ap.add_argument("--docs", default=None, help="write calibration.md here (e.g. docs)")
+    ap.add_argument("--plots", default="benchmarks/results",
+                    help="with --docs: the folder of the reliability plots")
     ap.add_argument("--quick", action="store_true", help="28², 2 families, few iterations")
     ap.add_argument("--quick-iterations", type=int, default=100)
     args = ap.parse_args(argv)
@@ -149,7 +152,7 @@ def main(argv=None):
         per_family=args.per_family, conditions=conditions)
     if args.docs:
         from ctuq.bench.report import calibration_page
-        calibration_page(doc, args.docs)
+        calibration_page(doc, args.docs, args.plots)
     dump_json(doc)
 
 

@@ -20,7 +20,7 @@ Usage::
 
     python scripts/bench_dip.py            # full run (slow: the 128² fits)
     python scripts/bench_dip.py --quick    # smoke test, about a minute
-    python scripts/bench_dip.py --out docs/bench_dip.json
+    python scripts/bench_dip.py --out benchmarks/results/bench_dip.json
 """
 
 from __future__ import annotations

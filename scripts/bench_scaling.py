@@ -38,7 +38,7 @@ size, and the check ``time_per_sample_slope_at_most_1.1`` (ctuq's setting).
 
 Usage::
 
-    python scripts/bench_scaling.py > docs/bench_scaling.json          # CPU, 64²–512²
+    python scripts/bench_scaling.py > benchmarks/results/bench_scaling.json          # CPU, 64²–512²
     python scripts/bench_scaling.py --device cuda > bench_scaling_gpu.json
     python scripts/bench_scaling.py --quick                             # seconds
 """

@@ -394,11 +394,12 @@ def _chunk_cell(c: dict | None) -> str:
             f"{c['jvp_vjp_one_batch_s']:.2f}")
 
 
-def markdown(doc: dict) -> str:
+def markdown(doc: dict, plots: str = ".") -> str:
+    """The results page; ``plots``: the folder of the PNGs, relative to the page."""
     m = doc["machine"]
     lines = ["# Benchmarks: uncertainty quality and speed", "",
              "Written by `scripts/bench_uq.py` (issue 10); the JSON is "
-             "`docs/bench_uq.json`. Rerun everything with `make bench-uq`.", "",
+             "`benchmarks/results/bench_uq.json`. Rerun everything with `make bench-uq`.", "",
              f"Machine: {m.get('cpu') or 'unknown CPU'}, {m.get('cpu_count')} cores, torch "
              f"{m.get('torch')}.", ""]
     q = doc.get("quality")
@@ -435,7 +436,7 @@ def markdown(doc: dict) -> str:
                 lines += ["", "Targets: " + ", ".join(
                     f"{k} **{'met' if v else 'NOT met'}**" for k, v in s["targets"].items())]
             lines.append("")
-        lines += ["![calibration curves](bench_uq_calibration.png)", ""]
+        lines += [f"![calibration curves]({plots}/bench_uq_calibration.png)", ""]
     sc = doc.get("scaling")
     if sc:
         lines += ["## Speed and scaling", "",
@@ -464,7 +465,7 @@ def markdown(doc: dict) -> str:
             lines += ["", f"Log-log slope of time per sample against pixel count, 64²–256²: "
                           f"**{sc['time_per_sample_slope_64_256']:.2f}** (target ≤ 1.1: "
                           f"{'met' if ok else 'NOT met'})."]
-        lines += ["", "![scaling](bench_uq_scaling.png)", ""]
+        lines += ["", f"![scaling]({plots}/bench_uq_scaling.png)", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -540,8 +541,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quality-json", default=None, help="reuse this run's quality part")
     ap.add_argument("--scaling-json", default=None, help="reuse this run's scaling part")
-    ap.add_argument("--docs", default="docs", help="folder of benchmarks.md and the PNGs "
-                                                   "('' to skip)")
+    ap.add_argument("--docs", default="docs", help="folder of benchmarks.md ('' to skip)")
+    ap.add_argument("--plots", default="benchmarks/results", help="folder of the PNGs")
     args = ap.parse_args(argv)
     args.quick_iterations = 150
     if args.quick:
@@ -561,14 +562,15 @@ def main(argv=None) -> int:
         doc["scaling"] = json.loads(Path(args.scaling_json).read_text())["scaling"]
     elif args.part in ("all", "scaling"):
         doc["scaling"] = run_scaling(args)
-    doc["settings"] = {k: v for k, v in vars(args).items() if k not in ("docs",)}
+    doc["settings"] = {k: v for k, v in vars(args).items() if k not in ("docs", "plots")}
     doc["wall_time_s"] = time.perf_counter() - t0
     doc = _clean(doc)
     if args.docs:
-        folder = Path(args.docs)
+        folder, figures = Path(args.docs), Path(args.plots)
         folder.mkdir(parents=True, exist_ok=True)
-        doc["written"] = plots(doc, folder)
-        (folder / "benchmarks.md").write_text(markdown(doc))
+        figures.mkdir(parents=True, exist_ok=True)
+        doc["written"] = plots(doc, figures)
+        (folder / "benchmarks.md").write_text(markdown(doc, os.path.relpath(figures, folder)))
         doc["written"].append(str(folder / "benchmarks.md"))
     print(json.dumps(doc, indent=1))
     return 0

@@ -22,7 +22,7 @@ laplace-torch, MC dropout) is ``ctuq bench-classify`` in phase 2.
 
 Usage::
 
-    python scripts/ivon_classify_smoke.py --seeds 0 1 2 > docs/ivon_classify_smoke.json
+    python scripts/ivon_classify_smoke.py --seeds 0 1 2 > benchmarks/results/ivon_classify_smoke.json
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ was used only to find a stable range of the step size; the test set (seeds
 
 Usage::
 
-    python scripts/tune_ivon_dip.py --size 28 --per-family 2 --partial ivon28.jsonl > docs/tune_ivon_dip_28.json
+    python scripts/tune_ivon_dip.py --size 28 --per-family 2 --partial ivon28.jsonl > benchmarks/results/tune_ivon_dip_28.json
     python scripts/tune_ivon_dip.py --size 64 --per-family 1 \
-        --configs docs/tune_ivon_dip_64_configs.json --partial ivon64.jsonl > docs/tune_ivon_dip_64.json
+        --configs benchmarks/results/tune_ivon_dip_64_configs.json --partial ivon64.jsonl > benchmarks/results/tune_ivon_dip_64.json
 
 ``--partial FILE`` appends each finished (case, configuration) row to FILE
 and reads it back on a rerun instead of recomputing it.
