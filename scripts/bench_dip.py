@@ -29,14 +29,14 @@ import argparse
 import json
 import logging
 import os
-import platform
 import sys
 import time
 
 import numpy as np
 import torch
-from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
+from ctuq.bench.machine import machine
+from ctuq.bench.scores import image_metrics as metrics
 from ctuq.data import phantoms
 from ctuq.data.geometry import Geometry
 from ctuq.data.operators import RayTransform
@@ -48,15 +48,6 @@ from ctuq.recon.mc_dropout import fit_mc_dropout
 log = logging.getLogger("bench_dip")
 
 TV_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
-
-
-def metrics(gt: np.ndarray, rec) -> dict:
-    rec = rec.detach().cpu().numpy() if isinstance(rec, torch.Tensor) else np.asarray(rec)
-    gt = np.asarray(gt, dtype=np.float64)
-    rec = rec.astype(np.float64)
-    dr = float(gt.max() - gt.min())
-    return {"psnr": float(peak_signal_noise_ratio(gt, rec, data_range=dr)),
-            "ssim": float(structural_similarity(gt, rec, data_range=dr))}
 
 
 def run_case(name, gt, op, seed, args, dip_overrides):
@@ -237,10 +228,7 @@ def main(argv=None):
     t_all = time.perf_counter()
     doc = {
         "benchmark": "bench_dip",
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(),
-                    "cuda": torch.cuda.is_available()},
+        "machine": {**machine("cpu"), "cuda": torch.cuda.is_available()},
         "settings": {"quick": args.quick, "jobs": args.jobs, "noise_level": args.noise,
                      "mc_samples": args.mc_samples, "mc_dropout_p": 0.05},
     }

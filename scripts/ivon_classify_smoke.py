@@ -30,12 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import sys
 import time
 
 import numpy as np
 import torch
+
+from ctuq.bench.machine import machine
 
 log = logging.getLogger("ivon_classify_smoke")
 
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
     doc = {"script": "scripts/ivon_classify_smoke.py", "argv": sys.argv[1:],
            "dataset": "digits (scikit-learn), MLP (32)", "grid": GRID,
            "summary": summary, "runs": runs, "seconds": time.perf_counter() - t0,
-           "machine": {"platform": platform.platform(), "torch": torch.__version__,
+           "machine": {**machine("cpu"),
                        "threads": args.threads}}
     json.dump(doc, sys.stdout, indent=1)
     sys.stdout.write("\n")

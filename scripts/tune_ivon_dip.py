@@ -41,13 +41,14 @@ import functools
 import json
 import logging
 import math
-import os
-import platform
 import sys
 import time
 
 import numpy as np
 import torch
+
+from ctuq.bench.machine import machine
+from ctuq.bench.runner import append_case, read_cases
 
 log = logging.getLogger("tune_ivon_dip")
 
@@ -211,9 +212,7 @@ def run_case(case: dict, configs: list[dict], done: dict, partial: str | None,
                  row.get("error") or f"LL {row['mean']['ll']:.3f} cov2 "
                                      f"{row['mean']['coverage']['2']:.3f} PSNR "
                                      f"{row['mean']['psnr']:.2f} ({row['seconds']:.1f} s)")
-        if partial:
-            with open(partial, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+        append_case(partial, row)
         rows.append(row)
     return rows
 
@@ -295,12 +294,8 @@ def main(argv=None) -> int:
                    for c in configs]
     else:
         configs = grid(args.grid)
-    done = {}
-    if args.partial and os.path.exists(args.partial):
-        with open(args.partial) as fh:
-            for line in fh:
-                r = json.loads(line)
-                done[(r["case"], r["config"])] = r
+    # one Adam fit per case serves all its configurations: rows are (case, configuration)
+    done = read_cases(args.partial, key=lambda r: (r["case"], r["config"]))
     case_list, skipped = (split_cases(args.size, args.per_family, args.families, args.noise),
                           []) if args.split == "validation" else \
         cases(args.size, args.per_family, args.families, args.noise)
@@ -323,8 +318,7 @@ def main(argv=None) -> int:
         "ll_floor": LL_FLOOR,
         "chosen": choose(agg), "configs": agg, "rows": rows,
         "seconds": time.perf_counter() - t0,
-        "machine": {"platform": platform.platform(), "torch": torch.__version__,
-                    "threads": args.threads, "cpus": os.cpu_count()},
+        "machine": machine("cpu"),
     }
     json.dump(doc, sys.stdout, indent=1, default=float)
     sys.stdout.write("\n")

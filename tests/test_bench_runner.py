@@ -57,3 +57,23 @@ def test_a_partial_file_is_read_back_by_id_and_as_a_case_file(tmp_path):
     doc.write_text(json.dumps({"cases": rows}))
     assert read_case_file(doc) == rows
     assert read_cases(tmp_path / "missing.jsonl") == {} and read_cases(None) == {}
+
+
+def test_score_differences_finds_the_largest_change_per_method():
+    from ctuq.bench.report import score_differences
+
+    old = {"cases": [{"id": "a", "methods": {"m": {"x": 1.0, "r": [0.5, 0.6], "n": None},
+                                             "gone": {"x": 1.0}}},
+                     {"id": "b", "methods": {"m": {"x": 2.0, "r": [0.1, 0.2], "n": None}}}]}
+    new = {"cases": [{"id": "a", "methods": {"m": {"x": 1.0, "r": [0.5, 0.9], "n": None}}},
+                     {"id": "b", "methods": {"m": {"x": 2.25, "r": [0.1, 0.2], "n": 3.0}}},
+                     {"id": "c", "methods": {}}]}
+    d = score_differences(old, new)
+    m = d["methods"]["m"]
+    assert m["max_abs_diff"] == float("inf") and (m["worst_case"], m["worst_score"]) == ("b", "n")
+    assert d["only_old"] == ["a:gone"] and d["only_new"] == ["c"] and m["cases"] == 2
+    new["cases"][1]["methods"]["m"]["n"] = None
+    m = score_differences(old, new)["methods"]["m"]
+    assert abs(m["max_abs_diff"] - 0.3) < 1e-12  # 0.9 - 0.6 beats 2.25 - 2.0
+    assert (m["worst_case"], m["worst_score"]) == ("a", "r[1]")
+    assert score_differences(old, old)["methods"]["m"]["max_abs_diff"] == 0.0

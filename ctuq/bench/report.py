@@ -15,7 +15,7 @@ from pathlib import Path
 from ctuq.bench.calibration import LABELS, carried_note
 from ctuq.bench.scores import LEVELS
 
-__all__ = ["calibration_page", "markdown_table", "pct", "num"]
+__all__ = ["calibration_page", "markdown_table", "pct", "num", "score_differences"]
 
 
 def pct(v) -> str:
@@ -151,3 +151,52 @@ def calibration_page(doc: dict, folder, plots=None) -> Path:
     page = folder / "calibration.md"
     page.write_text("\n".join(lines) + "\n")
     return page
+
+
+def score_differences(old: dict, new: dict) -> dict:
+    """Largest absolute difference of every score, per method, between two benchmark documents.
+
+    Cases are matched by ``id`` and methods by name; every numeric score of a
+    method (lists element by element, e.g. the reliability curve) is
+    compared. A score that is None in one document and a number in the other
+    counts as an infinite difference.
+
+    Returns
+    -------
+    dict
+        ``methods``: name → ``{'max_abs_diff', 'worst_score', 'worst_case',
+        'cases'}``; ``only_old`` / ``only_new``: case ids or ``id:method``
+        found in one document only.
+    """
+    import math
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, list):
+                for i, x in enumerate(v):
+                    yield f"{prefix}{k}[{i}]", x
+            elif isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            elif isinstance(v, (int, float)) or v is None:
+                yield prefix + k, v
+
+    a = {r["id"]: r for r in old["cases"]}
+    b = {r["id"]: r for r in new["cases"]}
+    out, only_old, only_new = {}, sorted(set(a) - set(b)), sorted(set(b) - set(a))
+    for cid in sorted(set(a) & set(b)):
+        ma, mb = a[cid]["methods"], b[cid]["methods"]
+        only_old += [f"{cid}:{m}" for m in sorted(set(ma) - set(mb))]
+        only_new += [f"{cid}:{m}" for m in sorted(set(mb) - set(ma))]
+        for m in sorted(set(ma) & set(mb)):
+            entry = out.setdefault(m, {"max_abs_diff": 0.0, "worst_score": None,
+                                       "worst_case": None, "cases": 0})
+            entry["cases"] += 1
+            fa, fb = dict(flat(ma[m])), dict(flat(mb[m]))
+            for key in sorted(set(fa) | set(fb)):
+                x, y = fa.get(key), fb.get(key)
+                if x is None and y is None:
+                    continue
+                d = math.inf if x is None or y is None else abs(float(x) - float(y))
+                if entry["worst_score"] is None or d > entry["max_abs_diff"]:
+                    entry.update(max_abs_diff=d, worst_score=key, worst_case=cid)
+    return {"methods": out, "only_old": only_old, "only_new": only_new}

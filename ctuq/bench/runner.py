@@ -66,11 +66,13 @@ def dump_json(doc, stream=None, path=None) -> str:
     return text
 
 
-def read_cases(path, key: str = "id") -> dict:
+def read_cases(path, key="id") -> dict:
     """Finished cases of an interrupted run: the JSON lines of ``path`` by ``case[key]``.
 
-    A later line of the same case wins (a completed row appended after its first
-    version). Missing file or no path: an empty dict.
+    ``key`` may also be a callable of the row (e.g. a ``(case, setting)``
+    pair for rows of several settings per case). A later line of the same
+    case wins (a completed row appended after its first version). Missing
+    file or no path: an empty dict.
     """
     done = {}
     if path and os.path.exists(path):
@@ -78,7 +80,7 @@ def read_cases(path, key: str = "id") -> dict:
             for line in f:
                 if line.strip():
                     c = json.loads(line)
-                    done[c[key]] = c
+                    done[key(c) if callable(key) else c[key]] = c
         log.info("resuming: %d finished cases read from %s", len(done), path)
     return done
 
