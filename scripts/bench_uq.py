@@ -62,7 +62,6 @@ import logging
 import math
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 

@@ -40,7 +40,6 @@ import argparse
 import functools
 import json
 import logging
-import math
 import sys
 import time
 

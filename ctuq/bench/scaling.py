@@ -11,6 +11,8 @@ and the speed-up of ctuq's allocator setting over glibc's default.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ctuq.bench.machine import PeakMemory
