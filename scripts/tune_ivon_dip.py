@@ -48,6 +48,7 @@ import torch
 
 from ctuq.bench.machine import machine
 from ctuq.bench.runner import append_case, read_cases
+from ctuq.bench.scores import sample_scores
 
 log = logging.getLogger("tune_ivon_dip")
 
@@ -147,19 +148,8 @@ def cases(size: int, per_family: int, families, noise: float) -> tuple[list[dict
 
 
 def scores(truth, centre, std) -> dict:
-    from ctuq.recon.predictive import coverage, pixel_log_likelihood, psnr, spearman_std_error
-
-    t = torch.as_tensor(truth, dtype=torch.float64)
-    c = torch.as_tensor(centre, dtype=torch.float64)
-    s = torch.as_tensor(std, dtype=torch.float64)
-    cov = coverage(t, c, s)
-    live = s > 0  # pixels whose samples all sit at the U-net's ±9 pre-sigmoid clamp have std 0
-    return {"psnr": psnr(t, c), "ll": pixel_log_likelihood(t, c, s, floor=LL_FLOOR),
-            "coverage": {str(k): v for k, v in cov.items()},
-            "zero_std_fraction": float((~live).double().mean()),
-            "coverage2_nonzero_std": float(((t - c).abs()[live] <= 2 * s[live]).double().mean())
-            if bool(live.any()) else float("nan"),
-            "spearman": spearman_std_error(s, t - c)}
+    """:func:`ctuq.bench.scores.sample_scores` with the variance floor of this tuning."""
+    return sample_scores(truth, centre, std, floor=LL_FLOOR)
 
 
 def run_case(case: dict, configs: list[dict], done: dict, partial: str | None,

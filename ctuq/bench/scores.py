@@ -15,6 +15,8 @@ variance floor even where a method's std is exactly zero.
 - :func:`quality`: log-likelihood, ±1/2σ coverage and mean std of a variance map;
 - :func:`uq_summary`: :func:`ctuq.recon.predictive.summary` with patch
   log-likelihoods and the reliability curve;
+- :func:`sample_scores`: PSNR, log-likelihood with a floor, coverage,
+  Spearman, and the share of pixels whose sample std is exactly zero;
 - :func:`summarise_images`: the mean and worst image of per-image scores.
 """
 
@@ -25,13 +27,14 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["LEVELS", "score", "image_metrics", "quality", "uq_summary", "summarise_images"]
+__all__ = ["LEVELS", "score", "image_metrics", "quality", "uq_summary", "sample_scores",
+           "summarise_images"]
 
 #: Nominal coverages of the reliability curve: 0.05, 0.10, …, 0.95.
 LEVELS = tuple(np.round(np.linspace(0.05, 0.95, 19), 2))
 
-#: Stands in for a zero std (the log-likelihood of a pixel scored with it is
-#: then -inf where the error is not zero, JSON null; no floor is added).
+#: Stands in for a zero std in the z-scores (no floor is added: an image with
+#: an exactly zero std gets a non-finite log-likelihood, JSON null).
 _TINY = 1e-300
 
 
@@ -118,6 +121,33 @@ def uq_summary(truth, mean, std, samples=None, patch_sizes=tuple(range(1, 11))) 
     s["reliability"] = predictive.reliability(truth, mean, std)["observed"]
     s.pop("coverage_nominal", None)
     return s
+
+
+def sample_scores(truth, centre, std, floor: float = 1e-6) -> dict:
+    """Scores of a sample-based std (IVON, MC dropout), whose std may be exactly zero.
+
+    Returns
+    -------
+    dict
+        ``psnr``, ``ll`` (per pixel, variance ``std² + floor``), ``coverage``
+        (``'1'``, ``'2'``, ``'3'``), ``zero_std_fraction`` (pixels whose
+        samples all agree, e.g. at the U-net's output clamp),
+        ``coverage2_nonzero_std`` (±2σ coverage of the other pixels; NaN if
+        none) and ``spearman``.
+    """
+    from ctuq.recon.predictive import coverage, pixel_log_likelihood, psnr, spearman_std_error
+
+    t = torch.as_tensor(truth, dtype=torch.float64)
+    c = torch.as_tensor(centre, dtype=torch.float64)
+    s = torch.as_tensor(std, dtype=torch.float64)
+    cov = coverage(t, c, s)
+    live = s > 0
+    return {"psnr": psnr(t, c), "ll": pixel_log_likelihood(t, c, s, floor=floor),
+            "coverage": {str(k): v for k, v in cov.items()},
+            "zero_std_fraction": float((~live).double().mean()),
+            "coverage2_nonzero_std": float(((t - c).abs()[live] <= 2 * s[live]).double().mean())
+            if bool(live.any()) else float("nan"),
+            "spearman": spearman_std_error(s, t - c)}
 
 
 def summarise_images(rows: list[dict], keys) -> dict:
