@@ -30,6 +30,7 @@ def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
     calibration.save(tmp_path / "cal" / f"{preset}.json")
     run = cal.CalibrationRun(quick=True, quick_iterations=40, predcp_variants=(False,),
                              calibration=str(tmp_path / "cal"), mc_dropout=False,
+                             arrays=str(tmp_path / "arrays"),
                              uncertainty={"n_samples": 2, "predictive_samples": 16})
     row = cal.run_case(case, run)
 
@@ -48,3 +49,19 @@ def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
     # the figures are of the product's own std: the file's total std scores as `heldout`
     assert row["methods"]["heldout"] == clean(score(scan.truth, result.reconstruction,
                                                     result.std))
+
+    # the kept arrays rescore a row scored before its calibration existed, to the same figures
+    bare = {**row, "methods": {k: v for k, v in row["methods"].items()
+                               if k not in ("calibrated", "conformal")},
+            "times_s": dict(row["times_s"])}
+    cal.rescore([bare], run)
+    assert {k: bare["methods"][k] for k in ("calibrated", "conformal")} == \
+        {k: row["methods"][k] for k in ("calibrated", "conformal")}
+    # and hold the held-out likelihood that the tuning refits: its MLE is the row's
+    from ctuq.bench.tuning import tune_prior_width
+
+    tuned = tune_prior_width([row], tmp_path / "arrays", tmp_path / "cal" / f"{preset}.json",
+                             [float("inf")])
+    (fit,) = tuned["cases"]
+    assert fit["inf"]["t0"] == pytest.approx(row["coefficients"]["heldout_mle"]["t0"], abs=1e-6)
+    assert fit["inf"]["s1"] == pytest.approx(row["coefficients"]["heldout_mle"]["s1"], abs=1e-6)

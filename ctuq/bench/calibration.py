@@ -263,7 +263,7 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
     m["fbp"] = score(truth, x_fbp, var_fbp.sqrt())
 
     calibration = _calibration(run, preset)
-    arrays = {"truth": truth}
+    arrays, heldout_fits = {"truth": truth}, {}
     for predcp in run.predcp_variants:
         suffix = "_predcp" if predcp else ""
         config = reconstruction_config(case, run, predcp=predcp)
@@ -275,7 +275,7 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
         arrays["var_post" + suffix] = np.asarray(result.posterior_std, np.float64) ** 2
         if run.arrays:
             arrays.update({f"heldout{suffix}_{k}": v for k, v in
-                           _heldout_likelihood(scan, config, result).arrays().items()})
+                           _heldout_likelihood(scan, config, result, heldout_fits).arrays().items()})
         log.info("%s: %s ±2σ %.3f (posterior %.3f), LL %.3f", case["id"], "heldout" + suffix,
                  m["heldout" + suffix]["coverage_2"], m["posterior" + suffix]["coverage_2"],
                  m["heldout" + suffix]["pixel_log_likelihood"])
@@ -298,17 +298,22 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
     return clean(out)
 
 
-def _heldout_likelihood(scan, config, result):
+def _heldout_likelihood(scan, config, result, fits: dict):
     """The held-out likelihood of a result's scan, for tuning the held-out fit.
 
-    Refits the held-out DIP (``ctuq.reconstruct`` keeps no such fit): the
-    same split and settings as the reconstruction's model-error stage.
+    Refits the held-out DIP (``ctuq.reconstruct`` keeps no such fit) with the
+    same split and settings as the reconstruction's model-error stage; the
+    fit is kept in ``fits`` for the scan's other variants (it does not
+    depend on the uncertainty settings that tell them apart).
     """
     from ctuq.recon import model_error as me
 
     dip_cfg, unc = config.resolve(scan.truth.shape)
-    mask, dip_in = me.heldout_fit(scan.y, scan.op, dip_cfg, every=unc.heldout_every,
-                                  min_out=unc.heldout_min_out, noise_std=scan.sigma)
+    key = (unc.heldout_every, unc.heldout_min_out)
+    if key not in fits:
+        fits[key] = me.heldout_fit(scan.y, scan.op, dip_cfg, every=unc.heldout_every,
+                                   min_out=unc.heldout_min_out, noise_std=scan.sigma)
+    mask, dip_in = fits[key]
     var_post = torch.as_tensor(np.asarray(result.posterior_std), dtype=torch.float64).square()
     return me.heldout_likelihood(scan.op, scan.y, mask, dip_in.reconstruction.detach().cpu(),
                                  var_post, scan.sigma ** 2)
