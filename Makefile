@@ -17,7 +17,7 @@ APT_PACKAGES := xvfb xauth libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-i
 # /usr/share/datasets without --data-dir).
 DATA_PACKAGES := dataset-fashion-mnist
 
-.PHONY: test demo install apt-deps data-deps bench bench-uq clean
+.PHONY: test demo install apt-deps data-deps bench bench-uq bench-calibration clean
 
 $(STAMP): pyproject.toml constraints.txt requirements-laplace.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,11 +62,18 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) scripts/bench_operators.py
 
-# Uncertainty quality and speed (issue 10): docs/benchmarks.md, docs/bench_uq*.png and
-# docs/bench_uq.json; about 1.5 h on 2 CPU cores (from its parts' times). Finished quality cases are cached in
+# Uncertainty quality and speed (issue 10): docs/benchmarks.md, benchmarks/results/bench_uq*.png and
+# benchmarks/results/bench_uq.json; about 1.5 h on 2 CPU cores (from its parts' times). Finished quality cases are cached in
 # bench_uq_cases.jsonl, so an interrupted run resumes where it stopped.
 bench-uq: $(STAMP)
-	$(PY) scripts/bench_uq.py --partial bench_uq_cases.jsonl --docs docs > docs/bench_uq.json
+	$(PY) scripts/bench_uq.py --partial bench_uq_cases.jsonl --docs docs > benchmarks/results/bench_uq.json
+
+# Calibration benchmark on the test split (the README's figures): docs/calibration.md,
+# benchmarks/results/bench_calibration*.{json,png}; hours on 2 CPU cores; finished cases
+# are kept in bench_calibration_cases.jsonl, so an interrupted run resumes where it stopped.
+bench-calibration: $(STAMP)
+	$(PY) scripts/bench_calibration.py --split test --sizes 64,128 --jobs 2 \
+		--partial bench_calibration_cases.jsonl --docs docs > benchmarks/results/bench_calibration.json
 
 clean:
 	rm -rf $(VENV) demo_out .pytest_cache .hypothesis

@@ -9,12 +9,12 @@ IVON (variational training, Monte-Carlo predictive; and the sampled LLA around
 its mean), over several seeds (split, initialisation and samples follow
 the seed), mean ± std. Single-threaded (``torch.set_num_threads(1)``).
 
-    .venv/bin/python scripts/bench_classify.py --figures docs/ > docs/bench_classify.json
+    .venv/bin/python scripts/bench_classify.py --figures benchmarks/results/ > benchmarks/results/bench_classify.json
     .venv/bin/python scripts/bench_classify.py --lla-mode linear \
-        --methods map,lla-sampled,lla-sampled-val > docs/bench_classify_linear_mode.json
+        --methods map,lla-sampled,lla-sampled-val > benchmarks/results/bench_classify_linear_mode.json
     .venv/bin/python scripts/bench_classify.py \
         --methods map,lla-exact,lla-exact-val,lla-exact-prior-val \
-        > docs/bench_classify_prior_val.json
+        > benchmarks/results/bench_classify_prior_val.json
 
 The document holds ``aggregate`` (method → metric → mean/std/values),
 ``checks`` (the issue's targets evaluated on the means, per LLA variant), the

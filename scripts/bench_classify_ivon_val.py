@@ -9,7 +9,7 @@ loss diverges scores ``inf``. The test images are never evaluated. One JSON
 document on stdout.
 
     .venv/bin/python scripts/bench_classify_ivon_val.py --dataset fmnist --n-train 10000 \
-        --n-test 2000 --prior-precisions 10,100 --seeds 0,1 > docs/bench_classify_ivon_val.json
+        --n-test 2000 --prior-precisions 10,100 --seeds 0,1 > benchmarks/results/bench_classify_ivon_val.json
 """
 
 from __future__ import annotations

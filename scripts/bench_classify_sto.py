@@ -18,7 +18,7 @@ Single-threaded (``torch.set_num_threads(1)``), like ``bench_classify.py``.
     apt-get install dataset-fashion-mnist      # Debian's copy: offline at run time
     .venv/bin/python scripts/bench_classify_sto.py --dataset fmnist \\
         --data-dir /usr/share/datasets --n-train 10000 --n-test 2000 \\
-        --train-prior-precision 10 --batch-sizes 1000 > docs/bench_classify_sto.json
+        --train-prior-precision 10 --batch-sizes 1000 > benchmarks/results/bench_classify_sto.json
     .venv/bin/python scripts/bench_classify_sto.py --quick      # digits, a minute
 """
 

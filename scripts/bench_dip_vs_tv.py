@@ -26,7 +26,7 @@ cases are resumable (``--fit-partial``, one JSON line per finished case).
 Usage::
 
     python scripts/bench_dip_vs_tv.py --partial cases.jsonl --arrays arrays/ \\
-        --sizes 64,128 > docs/bench_dip_vs_tv.json
+        --sizes 64,128 > benchmarks/results/bench_dip_vs_tv.json
     python scripts/bench_dip_vs_tv.py --sizes "" --fit-sizes 256 --per-family 2 \\
         --fit-partial dip256.jsonl > bench_dip_vs_tv_256.json
 """
@@ -34,125 +34,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
-import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/: shared helpers
-from bench_calibration import CONDITIONS  # noqa: E402
-from bench_dip import metrics  # noqa: E402
-from bench_evidence import _clean, read_cases, run_resumable  # noqa: E402
-from bench_sampling import _machine  # noqa: E402
-
-METHODS = ("fbp", "tv", "dip_tv")
-
-
-def run_case(row: dict, arrays: Path) -> dict | None:
-    """FBP, TV and the stored DIP+TV of one benchmark case; None without its arrays."""
-    from ctuq.data.geometry import Geometry
-    from ctuq.data.operators import RayTransform
-    from ctuq.data.simulate import simulate_sinogram
-    from ctuq.data.splits import Case
-    from ctuq.recon.baselines import fbp_reconstruction, tv_reconstruction
-    from ctuq.recon.presets import DIP_DEFAULTS
-
-    npz = arrays / (row["id"].replace("/", "_") + ".npz")
-    if not npz.exists():
-        return None
-    stored = np.load(npz)
-    c = Case(row["split"], row["family"], row["index"], row["size"])
-    truth = c.image()
-    if not np.array_equal(truth, stored["truth"]):
-        raise SystemExit(f"{npz}: the stored truth is not the case's phantom")
-    op = RayTransform(Geometry.parallel(c.size, row["n_angles"]))
-    offset = CONDITIONS[c.size].index((row["n_angles"], row["noise"]))
-    y, sigma = simulate_sinogram(truth, op, row["noise"], seed=c.noise_seed(offset))
-    t0 = time.perf_counter()
-    tv = tv_reconstruction(y, op, noise_std=sigma)
-    t_tv = time.perf_counter() - t0
-    out = {k: row[k] for k in ("id", "family", "size", "condition", "preset")}
-    out["methods"] = {"fbp": metrics(truth, fbp_reconstruction(y, op)),
-                      "tv": {**metrics(truth, tv), "time_s": t_tv},
-                      "dip_tv": {**metrics(truth, stored["x_hat"]),
-                                 "time_s": row["times_s"]["dip"],
-                                 "iterations": DIP_DEFAULTS[row["preset"]]["iterations"]}}
-    out["dip_minus_tv_psnr"] = out["methods"]["dip_tv"]["psnr"] - out["methods"]["tv"]["psnr"]
-    out["dip_minus_tv_ssim"] = out["methods"]["dip_tv"]["ssim"] - out["methods"]["tv"]["ssim"]
-    return out
-
-
-def run_fit_case(case: dict, monitor_every: int = 25) -> dict:
-    """FBP, TV and a DIP+TV fitted here (the size's preset), with its PSNR trace."""
-    from ctuq.data.geometry import Geometry
-    from ctuq.data.operators import RayTransform
-    from ctuq.data.simulate import simulate_sinogram
-    from ctuq.data.splits import Case
-    from ctuq.models.unet import preset_name_for_size
-    from ctuq.recon.baselines import fbp_reconstruction, tv_reconstruction
-    from ctuq.recon.dip import DIPConfig, fit_dip
-
-    c = Case(case["split"], case["family"], case["index"], case["size"])
-    truth = c.image()
-    op = RayTransform(Geometry.parallel(c.size, case["n_angles"]))
-    y, sigma = simulate_sinogram(truth, op, case["noise"], seed=c.noise_seed(0))
-    t0 = time.perf_counter()
-    tv = metrics(truth, tv_reconstruction(y, op, noise_std=sigma))
-    tv["time_s"] = time.perf_counter() - t0
-    preset = preset_name_for_size(c.size)
-    cfg = DIPConfig.preset_defaults(preset, device="cpu", progress_every=monitor_every)
-    trace = []
-    t0 = time.perf_counter()
-
-    def monitor(iteration, image):
-        trace.append((iteration, time.perf_counter() - t0, metrics(truth, image)["psnr"]))
-
-    dip = fit_dip(y, op, cfg, noise_std=sigma, monitor=monitor)
-    reached = next(((it, sec) for it, sec, p in trace if p >= tv["psnr"]), (None, None))
-    out = {k: case[k] for k in ("id", "family", "size", "condition")}
-    out["preset"] = preset
-    out["methods"] = {"fbp": metrics(truth, fbp_reconstruction(y, op)), "tv": tv,
-                      "dip_tv": {**metrics(truth, dip.reconstruction), "time_s": dip.wall_time,
-                                 "iterations": cfg.iterations}}
-    out["dip_iterations_to_tv_psnr"], out["dip_seconds_to_tv_psnr"] = reached
-    out["dip_psnr_trace"] = [[it, round(sec, 2), round(p, 3)] for it, sec, p in trace]
-    out["dip_minus_tv_psnr"] = out["methods"]["dip_tv"]["psnr"] - tv["psnr"]
-    out["dip_minus_tv_ssim"] = out["methods"]["dip_tv"]["ssim"] - tv["ssim"]
-    return out
-
-
-def fit_cases(sizes, per_family: int, n_angles: int, noise: float) -> list[dict]:
-    """The test split's cases for :func:`run_fit_case`: images first, then families."""
-    from ctuq.data.splits import FAMILIES
-
-    return [{"id": f"test/{family}/{i}/{size}/{n_angles}/{round(noise * 100)}",
-             "split": "test", "family": family, "index": i, "size": size,
-             "n_angles": n_angles, "noise": noise,
-             "condition": f"{n_angles} angles, {noise:.0%} noise"}
-            for size in sizes for i in range(per_family) for family in FAMILIES["test"]]
-
-
-def summarise(rows: list[dict]) -> dict:
-    out = {"images": len(rows)}
-    for m in METHODS:
-        out[m] = {k: float(np.mean([r["methods"][m][k] for r in rows]))
-                  for k in rows[0]["methods"][m]}
-    d = [r["dip_minus_tv_psnr"] for r in rows]
-    out["dip_minus_tv_psnr"] = {"mean": float(np.mean(d)), "min": float(np.min(d)),
-                                "max": float(np.max(d))}
-    out["dip_minus_tv_ssim_mean"] = float(np.mean([r["dip_minus_tv_ssim"] for r in rows]))
-    out["dip_at_least_tv_psnr"] = int(sum(x >= 0 for x in d))
-    if all("dip_iterations_to_tv_psnr" in r for r in rows):  # fitted here, traced
-        its = [r["dip_iterations_to_tv_psnr"] for r in rows]
-        secs = [r["dip_seconds_to_tv_psnr"] for r in rows if r["dip_seconds_to_tv_psnr"]]
-        out["reached_tv_psnr"] = int(sum(i is not None for i in its))
-        out["iterations_to_tv_psnr_median_of_reached"] = \
-            float(np.median([i for i in its if i is not None])) if secs else None
-        out["seconds_to_tv_psnr_median_of_reached"] = float(np.median(secs)) if secs else None
-    return out
+from ctuq.bench import dip_vs_tv as B
+from ctuq.bench.machine import machine
+from ctuq.bench.runner import dump_json, read_cases, run_resumable
 
 
 def main(argv=None) -> int:
@@ -178,28 +67,18 @@ def main(argv=None) -> int:
     cases = [r for r in read_cases(args.partial, "id").values() if r["size"] in sizes] \
         if sizes else []
     t0 = time.perf_counter()
-    rows = [r for r in (run_case(c, Path(args.arrays)) for c in cases) if r is not None]
-    fitted = fit_cases(fit_sizes, args.per_family, args.angles, args.noise)
+    rows = [r for r in (B.run_case(c, args.arrays) for c in cases) if r is not None]
+    fitted = B.fit_cases(fit_sizes, args.per_family, args.angles, args.noise)
     rows += run_resumable(fitted, args.fit_partial,
-                          lambda c: run_fit_case(c, args.monitor_every))
+                          lambda c: B.run_fit_case(c, args.monitor_every))
     cases += fitted
-    summary = {}
-    for size in sorted({r["size"] for r in rows}):
-        at = [r for r in rows if r["size"] == size]
-        summary[str(size)] = {
-            "all": summarise(at),
-            "families": {f: summarise([r for r in at if r["family"] == f])
-                         for f in sorted({r["family"] for r in at})},
-            "conditions": {c: summarise([r for r in at if r["condition"] == c])
-                           for c in sorted({r["condition"] for r in at})}}
-    doc = {"script": "scripts/bench_dip_vs_tv.py", "argv": sys.argv[1:],
-           "split": sorted({c["split"] for c in cases}), "tv": "PDHG, default weight "
-           "(TV_WEIGHT_FACTOR · σ · rms column norm), true σ, 1000 iterations, x ≥ 0",
-           "machine": _machine(torch.device("cpu")), "threads": args.threads,
-           "date": time.strftime("%Y-%m-%d"), "wall_time_s": time.perf_counter() - t0,
-           "summary": summary, "cases": rows}
-    json.dump(_clean(doc), sys.stdout, indent=1)
-    print()
+    dump_json({"script": "scripts/bench_dip_vs_tv.py", "argv": sys.argv[1:] if argv is None
+               else argv, "split": sorted({c["split"] for c in cases}),
+               "tv": "PDHG, default weight (TV_WEIGHT_FACTOR · σ · rms column norm), true σ, "
+                     "1000 iterations, x ≥ 0",
+               "machine": machine("cpu"), "threads": args.threads,
+               "date": time.strftime("%Y-%m-%d"), "wall_time_s": time.perf_counter() - t0,
+               "summary": B.summary_by(rows), "cases": rows})
     return 0
 
 

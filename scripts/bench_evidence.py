@@ -25,278 +25,24 @@ Usage::
 
     python scripts/bench_evidence.py                 # full: 10 phantoms, reference-28
     python scripts/bench_evidence.py --quick         # 2 phantoms, small U-net, minutes
-    python scripts/bench_evidence.py --out docs/bench_evidence.json
+    python scripts/bench_evidence.py --out benchmarks/results/bench_evidence.json
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import logging
-import math
-import os
-import platform
 import sys
 import time
 
-import numpy as np
 import torch
 
+from ctuq.bench.machine import machine
+from ctuq.bench.runner import dump_json, run_resumable
 from ctuq.data.geometry import Geometry
 from ctuq.data.operators import RayTransform
 from ctuq.data.phantoms import digits
-from ctuq.data.simulate import simulate_sinogram
-from ctuq.models.unet import unet_preset
-from ctuq.recon import predictive
-from ctuq.posterior import EMOptions, EvidenceOracle, ExactPosterior, Linearization
-from ctuq.recon.dip import DIPConfig, fit_dip
-from ctuq.recon.evidence import ct_likelihood, fit_posterior, initial_prior
-from ctuq.recon.predcp import PredCPOptions
-
-log = logging.getLogger("bench_evidence")
-
-
-def quality(gt, x_hat, var) -> dict:
-    std = var.clamp_min(0).sqrt()
-    cov = predictive.coverage(gt, x_hat, std)
-    return {"test_ll": predictive.pixel_log_likelihood(gt, x_hat, std),
-            "coverage_1sigma": cov[1], "coverage_2sigma": cov[2],
-            "mean_std": float(std.mean())}
-
-
-def exact_variance(orc: EvidenceOracle, ex: ExactPosterior, prior, noise_var, lengthscales):
-    """Exact per-pixel posterior variance (fast path unless the lengthscales moved)."""
-    if not lengthscales:
-        return orc.posterior_variance(prior.variances.detach(), noise_var)
-    ex.prior, ex.noise_var = prior, noise_var
-    return ex.posterior_var_image()
-
-
-def run_case(i: int, gt: np.ndarray, op, args) -> dict:
-    y, sigma = simulate_sinogram(gt, op, 0.05, seed=1000 + i)
-    case = {"index": i, "noise_std": sigma}
-    dcfg = DIPConfig.for_image_size(28, seed=i, progress_every=10**6)
-    if args.quick:
-        dcfg = dcfg.with_(iterations=300, unet=unet_preset("reference-28").with_(channels=(8,) * 3))
-    dip = fit_dip(y, op, dcfg, noise_std=sigma)
-    x_hat = dip.reconstruction.detach()
-    case["dip"] = {"time": dip.wall_time, "tv_weight": dip.tv_weight,
-                   "psnr": predictive.psnr(gt, x_hat)}
-    log.info("case %d: DIP %.1f s, PSNR %.2f dB", i, dip.wall_time, case["dip"]["psnr"])
-    lin = Linearization(dip.model, dip.net_input)
-    lik = ct_likelihood(lin, op, y)
-    t0 = time.perf_counter()
-    shared = None
-    em = EMOptions(learn_noise=True, seed=i, em_steps=args.em_steps)
-    for prior_name in args.priors:
-        prior0 = initial_prior(lik, prior_name, init_variance=1.0,
-                               generator=torch.Generator().manual_seed(i))
-        if shared is None:
-            shared = ExactPosterior(lik, prior0, sigma**2)  # dense J and Φ, once
-            t_dense = time.perf_counter() - t0
-        case[prior_name] = run_prior(i, gt, op, y, sigma, dip, lik, x_hat, prior_name, em,
-                                     prior0, shared, t_dense, args)
-    return case
-
-
-def run_prior(i, gt, op, y, sigma, dip, lik, x_hat, name, em, prior0, shared, t_dense, args):
-    out = {}
-    lin = lik.lin
-    gt_t = torch.as_tensor(gt, dtype=torch.float64)
-    # the oracle
-    t0 = time.perf_counter()
-    orc = EvidenceOracle(lik, prior0, exact=shared)
-    t_build = t_dense + time.perf_counter() - t0
-    opt = orc.optimize(sigma**2, learn_noise=True)
-    out["exact"] = {"build_time": t_build, "optimize_time": opt["seconds"],
-                    "time": t_build + opt["seconds"], "log_evidence": opt["log_evidence"],
-                    "a_b": opt["a_b"], "sigma2": opt["sigma2"], "gamma": opt["gamma"]}
-    log.info("case %d %s: oracle %.1f s + %.1f s, log evidence %.3f", i, name, t_build,
-             opt["seconds"], opt["log_evidence"])
-
-    # (a) untuned defaults, (b) exact optimum
-    a0 = prior0.variances.detach()
-    out["a_untuned"] = {**quality(gt_t, x_hat, orc.posterior_variance(a0, sigma**2)),
-                        "log_evidence": float(orc.log_evidence(a0, sigma**2))}
-    a_opt = torch.tensor(opt["a_b"], dtype=torch.float64)
-    out["b_exact"] = {**quality(gt_t, x_hat, orc.posterior_variance(a_opt, opt["sigma2"])),
-                      "log_evidence": opt["log_evidence"]}
-
-    # (c) sample-based EM for each k
-    out["c_em"] = {}
-    for k in args.ks:
-        prior = copy.deepcopy(prior0)
-        t0 = time.perf_counter()
-        post = fit_posterior(lin, op, y, sigma**2, prior=prior, em=em.with_(n_samples=k))
-        el = time.perf_counter() - t0
-        hp = post.hyperparameters()
-        a = torch.tensor(hp["a_b"], dtype=torch.float64)
-        g_exact = orc.gamma(a, hp["sigma2"])
-        g_hat = post.stats.gamma_hat
-        entry = {"time": el, "em_steps": hp["em_steps"], "converged": hp["converged"],
-                 "log_evidence": float(orc.log_evidence(a, hp["sigma2"])),
-                 "a_b": hp["a_b"], "sigma2": hp["sigma2"],
-                 "gamma_hat": [float(v) for v in g_hat], "gamma_exact": g_exact.tolist(),
-                 "gamma_abs_error": float((g_hat - g_exact).abs().sum()),
-                 "gamma_total_rel_error": float(abs(g_hat.sum() - g_exact.sum())
-                                                / g_exact.sum()),
-                 **quality(gt_t, x_hat, orc.posterior_variance(a, hp["sigma2"]))}
-        if k > 1:
-            entry["gamma_z_max"] = float(((g_hat - g_exact).abs()
-                                          / post.stats.gamma_hat_se).nan_to_num(0).max())
-        if k == 8:
-            z = post.draw(128, generator=torch.Generator().manual_seed(i + 77))
-            std_s = predictive.pixel_std(predictive.image_samples(lin, z)).double()
-            entry["sampled_std"] = quality(gt_t, x_hat, std_s.square())
-        out["c_em"][str(k)] = entry
-        log.info("case %d %s: EM k=%d %.1f s, %d steps, log evidence %.3f, test LL %.4f", i,
-                 name, k, el, hp["em_steps"], entry["log_evidence"], entry["test_ll"])
-
-    # (d) sample-based EM + TV-PredCP
-    prior = copy.deepcopy(prior0)
-    t0 = time.perf_counter()
-    post = fit_posterior(lin, op, y, sigma**2, prior=prior, predcp=PredCPOptions(),
-                         em=em.with_(n_samples=8, learn_lengthscales=name == "matern"),
-                         tv_weight=dip.tv_weight)
-    el = time.perf_counter() - t0
-    hp = post.hyperparameters()
-    var = exact_variance(orc, shared, post.prior, hp["sigma2"],
-                         post.options.learn_lengthscales)
-    with torch.no_grad():
-        le = float(orc.log_evidence(noise_var=hp["sigma2"], prior=post.prior))
-    out["d_em_predcp"] = {"time": el, "em_steps": hp["em_steps"], "a_b": hp["a_b"],
-                          "l_b": hp["l_b"], "sigma2": hp["sigma2"],
-                          "predcp_weight": hp["predcp_weight"],
-                          "kappa_first": post.trace[0].get("kappa"),
-                          "kappa_last": post.trace[-2].get("kappa") if len(post.trace) > 1
-                          else None,
-                          "log_evidence": le, **quality(gt_t, x_hat, var)}
-    log.info("case %d %s: EM+PredCP %.1f s, test LL %.4f", i, name, el,
-             out["d_em_predcp"]["test_ll"])
-    return out
-
-
-def summarize(cases, prior, ks) -> dict:
-    def m(*path):
-        return mean_of(cases, [prior, *path])
-
-    s = {
-        "exact_time": m("exact", "time"),
-        "em_time": {k: m("c_em", k, "time") for k in ks},
-        "em_time_per_step": {k: float(np.mean([c[prior]["c_em"][k]["time"]
-                                               / max(1, c[prior]["c_em"][k]["em_steps"] + 1)
-                                               for c in cases])) for k in ks},
-        "em_steps": {k: m("c_em", k, "em_steps") for k in ks},
-        "predcp_time": m("d_em_predcp", "time"),
-        "gamma_total_rel_error": {k: m("c_em", k, "gamma_total_rel_error") for k in ks},
-        "log_evidence": {"a_untuned": m("a_untuned", "log_evidence"),
-                         "b_exact": m("b_exact", "log_evidence"),
-                         **{f"c_em_k{k}": m("c_em", k, "log_evidence") for k in ks},
-                         "d_em_predcp": m("d_em_predcp", "log_evidence")},
-    }
-    for metric in ("test_ll", "coverage_2sigma", "mean_std"):
-        s[metric] = {"a_untuned": m("a_untuned", metric), "b_exact": m("b_exact", metric),
-                     **{f"c_em_k{k}": m("c_em", k, metric) for k in ks},
-                     "d_em_predcp": m("d_em_predcp", metric)}
-        if "8" in ks:
-            s[metric]["c_em_k8_sampled_std"] = m("c_em", "8", "sampled_std", metric)
-    tl = s["test_ll"]
-    t = {}
-    if "8" in ks:
-        t["c_k8_within_0.05_of_b"] = abs(tl["c_em_k8"] - tl["b_exact"]) <= 0.05
-    t["c_better_than_a"] = all(tl[f"c_em_k{k}"] > tl["a_untuned"] for k in ks)
-    t["d_better_than_a"] = tl["d_em_predcp"] > tl["a_untuned"]
-    s["targets"] = t
-    return s
-
-
-def read_cases(path, key: str) -> dict:
-    """Finished cases of an interrupted run: the JSON lines of ``path`` by ``case[key]``."""
-    done = {}
-    if path and os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                c = json.loads(line)
-                done[c[key]] = c
-        log.info("resuming: %d finished cases read from %s", len(done), path)
-    return done
-
-
-def append_case(path, case: dict) -> None:
-    """Append one finished case to the JSON-lines file ``path`` (no-op without a path)."""
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(case) + "\n")
-
-
-def _call_case(fn, case, previous):
-    """``fn(case)``, or ``fn(case, previous=row)`` to complete a read-back row (picklable)."""
-    return fn(case) if previous is None else fn(case, previous=previous)
-
-
-def run_resumable(cases: list[dict], partial, run_one, jobs: int = 1,
-                  pool_run=None, complete=None) -> list[dict]:
-    """Every case's result, by ``run_one(case)``, resuming from the JSON lines of ``partial``.
-
-    Cases already in ``partial`` (by ``case["id"]``) are read back, not rerun;
-    each finished case is appended at once, so an interrupted run loses at
-    most the cases in flight. A read-back row for which ``complete(row)`` is
-    false (default: none) is passed on as ``run_one(case, previous=row)`` to
-    be completed; the completed row is appended and, being the last, wins on
-    the next read-back. ``jobs > 1``: a process pool runs ``pool_run``
-    (default ``run_one``; picklable, e.g. one that first sets up the worker's
-    logging). Results in the order of ``cases``.
-    """
-    import concurrent.futures as cf
-
-    done = read_cases(partial, "id")
-    todo = [(c, None) for c in cases if c["id"] not in done]
-    if complete is not None:
-        todo += [(c, done[c["id"]]) for c in cases
-                 if c["id"] in done and not complete(done[c["id"]])]
-
-    def keep(res):
-        done[res["id"]] = res
-        append_case(partial, res)
-        log.info("finished %s (%d/%d)", res["id"], len(cases) - len(todo) + next(count),
-                 len(cases))
-
-    count = iter(range(1, len(todo) + 1))
-    if jobs > 1 and len(todo) > 1:
-        with cf.ProcessPoolExecutor(jobs) as pool:
-            futures = [pool.submit(_call_case, pool_run or run_one, c, prev) for c, prev in todo]
-            for fut in cf.as_completed(futures):
-                keep(fut.result())
-    else:
-        for c, prev in todo:
-            keep(_call_case(run_one, c, prev))
-    return [done[c["id"]] for c in cases]
-
-
-def _clean(o):
-    """JSON-safe: non-finite floats → None, tensors/arrays → lists."""
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    if isinstance(o, (torch.Tensor, np.ndarray)):
-        return _clean(o.tolist())
-    if isinstance(o, (float, np.floating)):
-        return float(o) if math.isfinite(o) else None
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    return o
-
-
-def mean_of(cases, path) -> float:
-    vals = []
-    for c in cases:
-        v = c
-        for p in path:
-            v = v[p]
-        vals.append(v)
-    return float(np.mean(vals))
+from ctuq.bench.evidence import run_case, summarize
 
 
 def main(argv=None) -> int:
@@ -323,14 +69,8 @@ def main(argv=None) -> int:
     op = RayTransform(Geometry.parallel(28, 20))
     images = digits(n, 28, seed=0)
     t0 = time.perf_counter()
-    done = read_cases(args.partial, "index")  # resume after an interruption
-    cases = []
-    for i in range(n):
-        if i in done:
-            cases.append(done[i])
-            continue
-        cases.append(run_case(i, images[i], op, args))
-        append_case(args.partial, _clean(cases[-1]))
+    cases = run_resumable([{"id": i} for i in range(n)], args.partial,  # resumes
+                          lambda c: run_case(c["id"], images[c["id"]], op, args))
     ks = [str(k) for k in args.ks]
     summary = {p: summarize(cases, p, ks) for p in args.priors}
     targets = {p: summary[p].pop("targets") for p in args.priors}
@@ -345,16 +85,10 @@ def main(argv=None) -> int:
         "summary": summary,
         "targets": targets,
         "cases": cases,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "cpus": os.cpu_count()},
+        "machine": machine("cpu"),
         "wall_time": time.perf_counter() - t0,
     }
-    text = json.dumps(_clean(doc), indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    dump_json(doc, sys.stdout, path=args.out)
     return 0
 
 

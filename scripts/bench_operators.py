@@ -24,13 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 
 import torch
+
+from ctuq.bench.machine import machine
 
 
 def _median_ms(fn, repeats: int, sync) -> float:
@@ -104,8 +105,7 @@ def main() -> None:
                    "batch16_fwd_bwd_128_at_least_10x": s["batch16_fwd_bwd_ms"] >= 10}
     json.dump({
         "benchmark": "ray transform backends",
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "machine": {**machine("cpu"), "torch_threads": torch.get_num_threads(),
                     "torch": torch.__version__, "device": str(device),
                     "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None},
         "repeats": args.repeats,

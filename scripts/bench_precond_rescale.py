@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import time
 
 
@@ -36,6 +35,7 @@ def main(argv=None) -> int:
 
     import torch
 
+    from ctuq.bench.machine import machine
     from ctuq.data.geometry import Geometry
     from ctuq.data.operators import RayTransform
     from ctuq.data.simulate import simulate_sinogram
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
            "rank": args.rank, "samples": args.samples, "g0": g0,
            "iterations_at_g0": first.info["iterations"],
            "sketch_and_solve_s": time.perf_counter() - t0,
-           "machine": platform.processor() or platform.machine(), "threads": args.threads,
+           "machine": machine("cpu"), "threads": args.threads,
            "rows": []}
     pc0 = first.state.preconditioner
     for c in (float(f) for f in args.factors.split(",")):

@@ -22,7 +22,7 @@ laplace-torch, MC dropout) is ``ctuq bench-classify`` in phase 2.
 
 Usage::
 
-    python scripts/ivon_classify_smoke.py --seeds 0 1 2 > docs/ivon_classify_smoke.json
+    python scripts/ivon_classify_smoke.py --seeds 0 1 2 > benchmarks/results/ivon_classify_smoke.json
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import sys
 import time
 
 import numpy as np
 import torch
+
+from ctuq.bench.machine import machine
 
 log = logging.getLogger("ivon_classify_smoke")
 
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
     doc = {"script": "scripts/ivon_classify_smoke.py", "argv": sys.argv[1:],
            "dataset": "digits (scikit-learn), MLP (32)", "grid": GRID,
            "summary": summary, "runs": runs, "seconds": time.perf_counter() - t0,
-           "machine": {"platform": platform.platform(), "torch": torch.__version__,
+           "machine": {**machine("cpu"),
                        "threads": args.threads}}
     json.dump(doc, sys.stdout, indent=1)
     sys.stdout.write("\n")

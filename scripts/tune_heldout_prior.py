@@ -28,64 +28,18 @@ Usage::
         --predcp off --no-mc-dropout --partial val.jsonl --arrays val_arrays > /dev/null
     python scripts/tune_heldout_prior.py --partial val.jsonl --arrays val_arrays \\
         --calibration ctuq/recon/model_error_defaults/dip-64.json \\
-        > docs/tune_heldout_prior_validation.json
+        > benchmarks/results/tune_heldout_prior_validation.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import sys
-import time
-from pathlib import Path
 
-import numpy as np
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/: shared helpers
-from bench_calibration import score  # noqa: E402
-from bench_evidence import _clean, read_cases  # noqa: E402
-
-KEYS = ("coverage_2", "coverage_2_edges", "pixel_log_likelihood", "spearman")
-
-
-def summarise(rows: list[dict]) -> dict:
-    out = {"images": len(rows)}
-    for k in KEYS:
-        v = [r[k] for r in rows if r.get(k) is not None]
-        out[f"{k}_mean"] = float(np.mean(v))
-        out[f"{k}_worst"] = float(np.min(v))
-    return out
-
-
-def score_total(truth, x_hat, var_post, co) -> dict:
-    """The :data:`KEYS` scores of the std ``sqrt(var_post + model error of co)``.
-
-    ``truth``, ``x_hat``, ``var_post``: one image's arrays (shape ``(H, W)``), as
-    ``bench_calibration.py --arrays`` stores them; ``co``: ModelErrorCoefficients.
-    """
-    s = score(truth, x_hat, (var_post + co.variance(x_hat, var_post)).sqrt())
-    return {k: s[k] for k in KEYS}
-
-
-def choose(summary: dict) -> tuple[str, str]:
-    ml = summary.get("inf")
-    ok = {w: s for w, s in summary.items() if 0.90 <= s["coverage_2_mean"] <= 0.99
-          and s["coverage_2_worst"] >= 0.85 and (ml is None or (
-              s["coverage_2_worst"] >= ml["coverage_2_worst"]
-              and s["coverage_2_edges_worst"] >= ml["coverage_2_edges_worst"]))}
-    if ok:
-        return max(ok, key=lambda w: ok[w]["pixel_log_likelihood_mean"]), \
-            "highest mean LL among widths meeting the coverage targets without lowering " \
-            "the worst image or worst edge coverage of the maximum-likelihood fit"
-    return max(summary, key=lambda w: summary[w]["coverage_2_worst"]), \
-        "no width met the coverage targets: best worst-image coverage"
+from ctuq.bench.runner import dump_json, read_cases
+from ctuq.bench.tuning import tune_prior_width
 
 
 def main(argv=None):
-    from ctuq.recon.model_error import HeldoutLikelihood, ModelErrorCoefficients
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--partial", required=True, help="the bench_calibration --partial file")
     ap.add_argument("--arrays", required=True, help="its --arrays folder")
@@ -94,44 +48,9 @@ def main(argv=None):
     ap.add_argument("--floor", action="store_true",
                     help="also the candidate 'floor': max(MLE, calibration) per coefficient")
     args = ap.parse_args(argv)
-    t_start = time.perf_counter()
-    prior = ModelErrorCoefficients.load(args.calibration)
-    widths = [float(w) for w in args.widths.split(",")]
-    cases = sorted(read_cases(args.partial, "id").values(), key=lambda r: r["id"])
-    per_width: dict[str, list] = {}  # candidate -> its scores per image, in order
-    per_case = []
-    for r in cases:
-        npz = Path(args.arrays) / (r["id"].replace("/", "_") + ".npz")
-        if not npz.exists():
-            continue
-        a = np.load(npz)
-        lik = HeldoutLikelihood.from_arrays({k[len("heldout_"):]: a[k] for k in a.files
-                                             if k.startswith("heldout_")})
-        truth, x_hat, var_post = a["truth"], torch.as_tensor(a["x_hat"]), \
-            torch.as_tensor(a["var_post"])
-        row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
-        mle = lik.fit()
-        candidates = {str(w): mle if math.isinf(w) else lik.fit(prior, w, mle=mle)
-                      for w in widths}
-        candidates["calibrated"] = prior  # the calibration alone, no held-out fit
-        if args.floor:  # the calibration as a floor under the MLE
-            candidates["floor"] = ModelErrorCoefficients(max(mle.t0, prior.t0),
-                                                         max(mle.s1, prior.s1), "heldout")
-        for name, co in candidates.items():
-            s = score_total(truth, x_hat, var_post, co)
-            per_width.setdefault(name, []).append(s)
-            row[name] = {"t0": co.t0, "s1": co.s1, **s}
-        per_case.append(row)
-    summary = {w: summarise(rows) for w, rows in per_width.items() if rows}
-    chosen, rule = choose({w: summary[w] for w in map(str, widths) if w in summary})
-    json.dump(_clean({"split": "validation", "calibration": args.calibration,
-                      "prior": {"t0": prior.t0, "s1": prior.s1, "info": {
-                          k: prior.info.get(k) for k in ("preset", "split", "n_images",
-                                                         "angles", "noise_levels")}},
-                      "widths": [str(w) for w in widths], "rule": rule, "chosen": chosen,
-                      "summary": summary, "cases": per_case,
-                      "seconds": time.perf_counter() - t_start}), sys.stdout, indent=1)
-    print()
+    rows = list(read_cases(args.partial, "id").values())
+    dump_json(tune_prior_width(rows, args.arrays, args.calibration,
+                               [float(w) for w in args.widths.split(",")], floor=args.floor))
 
 
 if __name__ == "__main__":

@@ -1,22 +1,22 @@
-"""scripts/bench_calibration.py and scripts/tune_heldout_prior.py: planning and the width rule."""
+"""ctuq.bench.calibration and ctuq.bench.tuning: planning, carried methods and the tuning rules."""
 
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from ctuq.bench import calibration as bench_calibration
+from ctuq.bench import tuning
+from ctuq.bench.cases import CONDITIONS, calibration_cases, case_spec
+from ctuq.bench.runner import clean, read_case_file
 from ctuq.data.phantoms import ellipses
 from ctuq.recon import model_error as me
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import bench_calibration  # noqa: E402
-import tune_heldout_prior  # noqa: E402
-import tune_heldout_split  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _summary(cov_mean, cov_worst, ll, edges_worst=0.9):
@@ -27,11 +27,11 @@ def _summary(cov_mean, cov_worst, ll, edges_worst=0.9):
 def test_width_rule_takes_the_best_ll_among_widths_meeting_the_targets():
     s = {"0.5": _summary(0.97, 0.90, 2.0), "1.0": _summary(0.96, 0.86, 2.5),
          "inf": _summary(0.95, 0.70, 3.0)}  # best LL, worst image below 85 %
-    assert tune_heldout_prior.choose(s)[0] == "1.0"
+    assert tuning.choose_width(s)[0] == "1.0"
     s["1.0"] = _summary(0.995, 0.95, 2.5)  # mean above 99 %: over-wide
-    assert tune_heldout_prior.choose(s)[0] == "0.5"
+    assert tuning.choose_width(s)[0] == "0.5"
     none = {"0.5": _summary(0.8, 0.6, 1.0), "inf": _summary(0.7, 0.5, 2.0)}
-    chosen, rule = tune_heldout_prior.choose(none)
+    chosen, rule = tuning.choose_width(none)
     assert chosen == "0.5" and "no width" in rule
 
 
@@ -39,16 +39,16 @@ def test_width_rule_refuses_a_prior_that_costs_the_worst_case_coverage():
     s = {"0.1": _summary(0.97, 0.87, 3.8),  # best LL, but a worse worst image than the MLE
          "0.25": _summary(0.97, 0.92, 3.5, edges_worst=0.80),  # worse worst edges
          "1.0": _summary(0.97, 0.92, 3.4), "inf": _summary(0.97, 0.92, 3.3)}
-    assert tune_heldout_prior.choose(s)[0] == "1.0"
+    assert tuning.choose_width(s)[0] == "1.0"
 
 
 def test_split_rule_takes_the_best_worst_image_unless_it_costs_log_likelihood():
     s = {"6_prior": _summary(0.97, 0.90, 3.6), "6_mle": _summary(0.97, 0.95, 3.0),
          "4_prior": _summary(0.98, 0.93, 3.55),  # better worst image, LL within 0.1
          "3_prior": _summary(0.99, 0.96, 3.2)}  # best worst image, but 0.4 nats worse
-    assert tune_heldout_split.choose(s) == "4_prior"  # an MLE variant is never chosen
+    assert tuning.choose_split(s) == "4_prior"  # an MLE variant is never chosen
     s["4_prior"] = _summary(0.98, 0.93, 3.45)
-    assert tune_heldout_split.choose(s) == "6_prior"
+    assert tuning.choose_split(s) == "6_prior"
 
 
 def test_cases_from_a_document_or_a_partial_file(tmp_path):
@@ -60,11 +60,11 @@ def test_cases_from_a_document_or_a_partial_file(tmp_path):
     part = tmp_path / "part.jsonl"
     part.write_text(json.dumps(row) + "\n")
     for path in (doc, part):
-        (spec,) = [bench_calibration._case_spec(r) for r in bench_calibration.read_case_file(path)]
+        (spec,) = [case_spec(r) for r in read_case_file(path)]
         assert spec == {k: v for k, v in row.items() if k != "methods"}
 
 
-def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path, capsys):
+def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
     # a stored case whose held-out projections see nothing (tiny r, huge noise):
     # the maximum-likelihood fit drops the model error, a prior keeps it
     gen = np.random.default_rng(0)
@@ -81,16 +81,22 @@ def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path, capsys)
     (tmp_path / "cases.jsonl").write_text(json.dumps(
         {"id": "validation/ellipses/0/16/20/5", "condition": "c", "family": "ellipses"}) + "\n")
     cal = me.ModelErrorCoefficients(30.0, 0.05, "calibrated").save(tmp_path / "cal.json")
-    tune_heldout_prior.main(["--partial", str(tmp_path / "cases.jsonl"), "--arrays",
-                             str(tmp_path), "--calibration", str(cal), "--widths", "0.5,inf"])
-    out = json.loads(capsys.readouterr().out)
+    res = subprocess.run([sys.executable, "scripts/tune_heldout_prior.py", "--partial",
+                          str(tmp_path / "cases.jsonl"), "--arrays", str(tmp_path),
+                          "--calibration", str(cal), "--widths", "0.5,inf"], cwd=ROOT,
+                         stdout=subprocess.PIPE, text=True, check=True, timeout=120)
+    out = json.loads(res.stdout)
+    direct = clean(tuning.tune_prior_width([{"id": "validation/ellipses/0/16/20/5", "condition": "c",
+                                       "family": "ellipses"}], tmp_path, cal, [0.5, math.inf]))
+    assert direct["summary"] == out["summary"] and direct["chosen"] == out["chosen"]
     (case,) = out["cases"]
     assert case["inf"]["t0"] < 1e-3  # nothing seen: maximum likelihood drops it
     assert abs(math.log(case["0.5"]["t0"] / 30.0)) < 0.1  # the prior keeps it
     assert out["summary"]["0.5"]["coverage_2_mean"] > out["summary"]["inf"]["coverage_2_mean"]
     assert out["chosen"] in ("0.5", "inf") and out["summary"]["inf"]["images"] == 1
-    with pytest.raises(SystemExit):
-        tune_heldout_prior.main([])
+    bad = subprocess.run([sys.executable, "scripts/tune_heldout_prior.py"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert bad.returncode == 2 and "--partial" in bad.stderr  # argparse: required options
 
 
 def test_carried_methods_are_copied_labelled_and_counted_per_method(tmp_path):
@@ -108,3 +114,37 @@ def test_carried_methods_are_copied_labelled_and_counted_per_method(tmp_path):
     note = bench_calibration.carried_note(new)
     assert "`ivon` on 1 images" in note and "`mc_dropout` on 2 images" in note
     assert bench_calibration.carried_note([{"id": "c"}]) is None
+
+
+def test_case_list_covers_every_family_and_condition_before_a_second_image():
+    from ctuq.data.splits import FAMILIES
+
+    cs = calibration_cases("test", [64], 2, None)
+    n = len(FAMILIES["test"]) * len(CONDITIONS[64])
+    first = cs[:n]
+    assert {(c["family"], c["n_angles"], c["noise"]) for c in first} == {
+        (f, a, z) for f in FAMILIES["test"] for a, z in CONDITIONS[64]}
+    assert len({c["id"] for c in cs}) == len(cs) == 2 * n
+    # a subset of conditions keeps the ids (and images) of the full list
+    sub = calibration_cases("test", [64], 2, [(60, 0.05)])
+    assert {c["id"] for c in sub} <= {c["id"] for c in cs}
+    assert {(c["n_angles"], c["noise"]) for c in sub} == {(60, 0.05)}
+
+
+def test_total_variance_is_the_pipelines_model_error_stage():
+    """calibrated: posterior + the calibration's term; conformal: the posterior × q²."""
+    import torch
+
+    x_hat = torch.as_tensor(ellipses(16, seed=1))
+    var_post = torch.full((16, 16), 1e-4, dtype=torch.float64) + x_hat.double() * 1e-4
+    co = me.ModelErrorCoefficients(2.0, 0.1, "calibrated", conformal=1.5)
+    cal = bench_calibration.total_variance("calibrated", x_hat, var_post, co)
+    assert torch.allclose(cal, var_post + co.variance(x_hat, var_post), rtol=1e-12, atol=0)
+    conf = bench_calibration.total_variance("conformal", x_hat, var_post, co)
+    assert torch.allclose(conf, 1.5**2 * var_post, rtol=1e-12, atol=0)
+    # a multiplier below 1 never narrows the posterior's interval
+    low = me.ModelErrorCoefficients(2.0, 0.1, "calibrated", conformal=0.5)
+    assert torch.equal(bench_calibration.total_variance("conformal", x_hat, var_post, low),
+                       var_post)
+    with pytest.raises(ValueError):
+        bench_calibration.total_variance("none", x_hat, var_post, co)

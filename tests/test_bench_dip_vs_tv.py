@@ -1,22 +1,15 @@
-"""scripts/bench_dip_vs_tv.py's fitted cases: the PSNR trace and the iterations to reach TV."""
-
-import sys
-from pathlib import Path
+"""ctuq.bench.dip_vs_tv's fitted cases: the PSNR trace and the iterations to reach TV."""
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+from ctuq.bench import dip_vs_tv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    import bench_dip_vs_tv
-
-    yield bench_dip_vs_tv
-    sys.modules.pop("bench_dip_vs_tv", None)
+def bench():
+    return dip_vs_tv
 
 
 def test_fitted_case_reports_first_traced_iteration_at_tv_psnr(bench, monkeypatch, tmp_path):

@@ -1,4 +1,4 @@
-"""scripts/bench_scaling.py: its quick run gives finite positive times and memory per stage."""
+"""ctuq.bench.scaling and scripts/bench_scaling.py: slopes, and a quick run's times and memory."""
 
 import json
 import subprocess
@@ -12,12 +12,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_scaling.py"
 
 
 def _module():
-    import importlib.util
+    from ctuq.bench import scaling
 
-    spec = importlib.util.spec_from_file_location("bench_scaling", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return scaling
 
 
 def test_slope_recovers_a_power_law():

@@ -66,7 +66,7 @@ DEFAULTS = dict(epochs=150, batch_size=64, lr=2.0, hess_init=10.0, beta2=0.999,
                 prior_precision=1.0, temperature=1.0, mc_samples=1)
 
 #: Settings chosen on a data set's validation split where they differ from
-#: :data:`DEFAULTS` (docs/ivon.md §7.3, docs/bench_classify_ivon_val.json:
+#: :data:`DEFAULTS` (docs/ivon.md §7.3, benchmarks/results/bench_classify_ivon_val.json:
 #: Fashion-MNIST diverges at the digits' ``lr = 2`` and needs a tempered
 #: likelihood, ``T = 0.1``, to beat the MAP's validation NLL).
 DATASET_SETTINGS = {"fmnist": dict(lr=0.03, hess_init=0.03, temperature=0.1)}

@@ -1,0 +1,148 @@
+"""The benchmarks' cases: which images, which scans, and the simulation of a case's scan.
+
+A case is a dict (JSON-able, with a unique ``"id"``) naming an image of a
+split of :mod:`ctuq.data.splits` (``split``, ``family``, ``index``,
+``size``) and the scan's condition (``n_angles`` parallel-beam angles,
+relative Gaussian ``noise``). :func:`simulate` makes its scan with
+:func:`ctuq.data.simulate.simulate_sinogram` and the case's own noise seed;
+:func:`sinogram` wraps it as the :class:`ctuq.data.io.Sinogram` that
+``ctuq.reconstruct`` takes (noise std known, truth attached).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["CONDITIONS", "case_id", "calibration_cases", "fit_cases", "case_spec", "Scan",
+           "simulate", "sinogram", "CASE_FIELDS"]
+
+#: The calibration benchmark's conditions per image size: (angles, relative noise).
+CONDITIONS = {64: [(30, 0.01), (30, 0.05), (60, 0.01), (60, 0.05)],
+              128: [(60, 0.01), (60, 0.05)], 28: [(20, 0.05)]}
+
+#: The planning fields of a case (what the case lists make).
+CASE_FIELDS = ("id", "split", "family", "index", "size", "n_angles", "noise", "condition")
+
+
+def case_id(split: str, family: str, index: int, size: int, n_angles: int,
+            noise: float) -> str:
+    """``split/family/index/size/angles/noise-percent``, e.g. ``test/digits/0/64/30/5``."""
+    return f"{split}/{family}/{index}/{size}/{n_angles}/{round(noise * 100)}"
+
+
+def _case(split, family, index, size, n_angles, noise) -> dict:
+    return {"id": case_id(split, family, index, size, n_angles, noise), "split": split,
+            "family": family, "index": index, "size": size, "n_angles": n_angles,
+            "noise": noise, "condition": f"{n_angles} angles, {noise:.0%} noise"}
+
+
+def calibration_cases(split: str, sizes, per_family: int, conditions=None) -> list[dict]:
+    """The calibration benchmark's cases, largest images first.
+
+    Per size, every condition of :data:`CONDITIONS` (or the subset
+    ``conditions``, a list of ``(n_angles, noise)``; ids and images stay those
+    of the full list) and ``per_family`` images of every family of the
+    split; each condition has its own images (indices run on across
+    conditions). Images first, then conditions, then families: a partial run
+    covers every family and condition before it adds a second image of any.
+    """
+    from ctuq.data.splits import FAMILIES
+
+    out = []
+    for size in sizes:
+        conds = list(enumerate(CONDITIONS[size]))
+        if conditions:
+            conds = [(j, c) for j, c in conds if c in conditions]
+        for i in range(per_family):
+            for j, (n_angles, noise) in conds:
+                for family in FAMILIES[split]:
+                    out.append(_case(split, family, j * per_family + i, size, n_angles, noise))
+    return sorted(out, key=lambda c: -c["size"])  # longest first
+
+
+def fit_cases(sizes, per_family: int, n_angles: int, noise: float,
+              split: str = "test") -> list[dict]:
+    """``per_family`` images of every family of ``split`` per size, one condition.
+
+    Images first, then families.
+    """
+    from ctuq.data.splits import FAMILIES
+
+    return [_case(split, family, i, size, n_angles, noise)
+            for size in sizes for i in range(per_family) for family in FAMILIES[split]]
+
+
+def case_spec(row: dict) -> dict:
+    """The planning fields of a result row (:data:`CASE_FIELDS`)."""
+    return {k: row[k] for k in CASE_FIELDS}
+
+
+@dataclass
+class Scan:
+    """A case's simulated scan.
+
+    Attributes
+    ----------
+    case : ctuq.data.splits.Case
+    truth : ndarray, shape (size, size), float32
+    op : RayTransform
+        Parallel beam, ``n_angles`` over 180°, the size's detector.
+    y : Tensor, shape (n_angles, n_detector), float32
+    sigma : float
+        The noise std (known to every method).
+    noise_seed : int
+    """
+
+    case: object
+    truth: np.ndarray
+    op: object
+    y: object
+    sigma: float
+    noise_seed: int
+
+    @property
+    def geometry(self):
+        return self.op.geometry
+
+
+def simulate(case: dict, offset: int | None = None) -> Scan:
+    """The scan of ``case`` (a dict of a case list).
+
+    Parameters
+    ----------
+    case : dict
+        ``split``, ``family``, ``index``, ``size``, ``n_angles``, ``noise``.
+    offset : int, optional
+        Which noise draw of the image (:meth:`ctuq.data.splits.Case.noise_seed`).
+        Default: the condition's position in :data:`CONDITIONS` (0 for a
+        condition not listed there).
+    """
+    from ctuq.data.geometry import Geometry
+    from ctuq.data.operators import RayTransform
+    from ctuq.data.simulate import simulate_sinogram
+    from ctuq.data.splits import Case
+
+    c = Case(case["split"], case["family"], case["index"], case["size"])
+    truth = c.image()
+    op = RayTransform(Geometry.parallel(c.size, case["n_angles"]))
+    if offset is None:
+        cond = (case["n_angles"], case["noise"])
+        offset = CONDITIONS[c.size].index(cond) if cond in CONDITIONS.get(c.size, []) else 0
+    seed = c.noise_seed(offset)
+    y, sigma = simulate_sinogram(truth, op, case["noise"], seed=seed)
+    return Scan(c, truth, op, y, sigma, seed)
+
+
+def sinogram(scan: Scan, with_truth: bool = True):
+    """The scan as a :class:`ctuq.data.io.Sinogram`, its noise std known.
+
+    ``with_truth``: attach the truth (``ctuq.reconstruct`` then adds its
+    metrics to the result). Default True.
+    """
+    from ctuq.data.io import Sinogram
+
+    return Sinogram(scan.y.detach().cpu().numpy(), scan.geometry,
+                    meta={"noise_std": scan.sigma},
+                    ground_truth=scan.truth if with_truth else None)

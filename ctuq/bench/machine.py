@@ -1,0 +1,158 @@
+"""What a benchmark ran on, and how long and how much memory its stages took.
+
+:func:`machine` describes the CPU, threads, versions and GPU; :func:`median_s`
+times a callable (synchronising CUDA); :class:`PeakMemory` records the peak
+memory of a block (the process's resident memory polled by a thread on the
+CPU, CUDA's own peak counter on a GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import threading
+import time
+
+import torch
+
+__all__ = ["machine", "sync", "median_s", "components", "PeakMemory"]
+
+
+def machine(device="cpu") -> dict:
+    """The machine of a benchmark run: CPU model, cores, torch threads, versions, device."""
+    device = torch.device(device)
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    out = {"cpu": cpu, "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "python": platform.python_version(),
+           "platform": platform.platform(), "device": str(device)}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    try:
+        out["load_average_start"] = os.getloadavg()
+    except OSError:
+        pass
+    return out
+
+
+def sync(device) -> None:
+    """Wait for the device's queued work (CUDA); nothing on the CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_s(fn, repeats: int, device="cpu") -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls, after one warm-up call."""
+    fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def components(lin, op, m: int, repeats: int, device, gen) -> dict:
+    """Median seconds of one batched JVP, VJP, ``A`` and ``Aᵀ`` on ``m`` vectors, and their sum.
+
+    ``lin``: a :class:`~ctuq.posterior.Linearization`; ``op``: the ray
+    transform; ``gen``: the generator of the random vectors.
+    """
+    V = torch.randn(m, lin.num_params, generator=gen).to(device)
+    U = torch.randn(m, *lin.image_shape, generator=gen).to(device)
+    S = torch.randn(m, *op.range_shape, generator=gen).to(device)
+    with torch.no_grad():
+        comp = {"jvp": median_s(lambda: lin.jvp(V), repeats, device),
+                "vjp": median_s(lambda: lin.vjp(U), repeats, device),
+                "A": median_s(lambda: op.A(U), repeats, device),
+                "A_adjoint": median_s(lambda: op.A_adjoint(S), repeats, device)}
+    comp["sum"] = sum(comp.values())
+    return comp
+
+
+class PeakMemory:
+    """Peak memory while a block runs: process RSS polled every ``interval`` s, or CUDA's peak.
+
+    Use as a context manager (``peak_bytes`` and ``kind`` are set on exit), or
+    keep one open across stages: :meth:`reset` before a stage, :meth:`read`
+    after it, :meth:`close` at the end.
+
+    Parameters
+    ----------
+    device : str or torch.device
+        ``'cuda'``: ``torch.cuda.max_memory_allocated``; else the process's
+        resident set size from ``/proc/self/statm``. Default ``'cpu'``.
+    interval : float
+        Polling period in seconds (CPU). Default 0.005.
+    """
+
+    def __init__(self, device="cpu", interval: float = 0.005):
+        self.device = torch.device(device)
+        self.interval = float(interval)
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.peak = 0
+        self._thread = None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def rss(self) -> int:
+        """The process's resident memory now, in bytes."""
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def start(self) -> "PeakMemory":
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return self
+        self.base = self.peak = self.rss()
+        self._stop = threading.Event()
+
+        def poll():
+            while not self._stop.wait(self.interval):
+                self.peak = max(self.peak, self.rss())
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def reset(self) -> None:
+        """Start a new peak from the memory in use now."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self.peak = self.rss()
+
+    def read(self) -> int:
+        """The peak since the start or the last :meth:`reset`, in bytes."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return max(self.peak, self.rss())
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.peak_bytes = self.read()
+        self.kind = "cuda max_memory_allocated" if self.cuda else "process RSS"
+        self.close()
+        return False

@@ -1,0 +1,212 @@
+"""Tuning the held-out model error on the validation split: the prior's width and the split.
+
+Both work from the stored arrays of a calibration benchmark run with
+``arrays`` (:class:`ctuq.bench.calibration.CalibrationRun`): the truth, the
+reconstruction, the posterior variance and the held-out likelihood of each
+scan, so that a width costs a refit of two coefficients, not a
+reconstruction.
+
+- :func:`tune_prior_width`: refit every stored held-out likelihood under
+  the calibrated prior for each width and score the total std; the rule
+  :func:`choose_width`.
+- :func:`tune_split`: refit the held-out DIP of each stored scan with every
+  k-th angle left out, for each k; the rule :func:`choose_split`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ctuq.bench.scores import score, summarise_images
+
+log = logging.getLogger("ctuq.bench.tuning")
+
+__all__ = ["KEYS", "LL_SLACK", "score_total", "summarise", "choose_width", "choose_split",
+           "tune_prior_width", "tune_split"]
+
+#: The scores a tuning rule looks at.
+KEYS = ("coverage_2", "coverage_2_edges", "pixel_log_likelihood", "spearman")
+
+#: Nats per pixel a split may lose against every 6th (:func:`choose_split`).
+LL_SLACK = 0.1
+
+
+def score_total(truth, x_hat, var_post, co) -> dict:
+    """The :data:`KEYS` scores of the total std with the model error of coefficients ``co``.
+
+    ``truth``, ``x_hat``, ``var_post``: one image's arrays ``(H, W)``;
+    ``co``: :class:`~ctuq.recon.model_error.ModelErrorCoefficients` (held-out).
+    """
+    from ctuq.bench.calibration import total_variance
+
+    s = score(truth, x_hat, total_variance("heldout", x_hat, var_post, co).sqrt())
+    return {k: s[k] for k in KEYS}
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Mean and worst image of each of :data:`KEYS`."""
+    return summarise_images(rows, KEYS)
+
+
+def choose_width(summary: dict) -> tuple[str, str]:
+    """The width to ship, and the rule that chose it.
+
+    Among the widths whose mean ±2σ coverage lies in [90, 99] %, whose worst
+    image covers ≥ 85 %, and whose worst image and worst edge coverage are no
+    lower than the maximum-likelihood fit's (``'inf'``), the one with the
+    highest mean log-likelihood; if none qualifies, the one with the best
+    worst-image coverage.
+    """
+    ml = summary.get("inf")
+    ok = {w: s for w, s in summary.items() if 0.90 <= s["coverage_2_mean"] <= 0.99
+          and s["coverage_2_worst"] >= 0.85 and (ml is None or (
+              s["coverage_2_worst"] >= ml["coverage_2_worst"]
+              and s["coverage_2_edges_worst"] >= ml["coverage_2_edges_worst"]))}
+    if ok:
+        return max(ok, key=lambda w: ok[w]["pixel_log_likelihood_mean"]), \
+            "highest mean LL among widths meeting the coverage targets without lowering " \
+            "the worst image or worst edge coverage of the maximum-likelihood fit"
+    return max(summary, key=lambda w: summary[w]["coverage_2_worst"]), \
+        "no width met the coverage targets: best worst-image coverage"
+
+
+def choose_split(summary: dict, base: str = "6_prior") -> str:
+    """The variant with the best worst-image coverage among those within LL_SLACK of ``base``.
+
+    Only variants with the prior (``'<k>_prior'``) are candidates.
+    """
+    ll0 = summary[base]["pixel_log_likelihood_mean"]
+    ok = [k for k, s in summary.items() if k.endswith("_prior")
+          and s["pixel_log_likelihood_mean"] >= ll0 - LL_SLACK]
+    return max(ok, key=lambda k: (summary[k]["coverage_2_worst"],
+                                  summary[k]["pixel_log_likelihood_mean"]))
+
+
+def _arrays(folder, case_id: str) -> Path:
+    return Path(folder) / (case_id.replace("/", "_") + ".npz")
+
+
+def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
+                     floor: bool = False) -> dict:
+    """Score every width of the held-out fit's prior on stored scans.
+
+    Parameters
+    ----------
+    rows : list of dict
+        The benchmark's case rows (``id``, ``condition``, ``family``); those
+        without arrays are skipped.
+    arrays : path-like
+        The run's arrays folder (with the ``heldout_*`` likelihood arrays).
+    calibration : path-like
+        The preset's calibration file: the prior's centre.
+    widths : list of float
+        ``inf`` is the maximum-likelihood fit.
+    floor : bool
+        Also ``'floor'``: each coefficient the larger of the MLE and the
+        calibration.
+
+    Returns
+    -------
+    dict
+        ``prior``, ``widths``, ``rule``, ``chosen``, ``summary`` (per
+        candidate), ``cases``, ``seconds``.
+    """
+    from ctuq.recon.model_error import HeldoutLikelihood, ModelErrorCoefficients
+
+    t_start = time.perf_counter()
+    prior = ModelErrorCoefficients.load(calibration)
+    per_width: dict[str, list] = {}  # candidate -> its scores per image, in order
+    per_case = []
+    for r in sorted(rows, key=lambda r: r["id"]):
+        npz = _arrays(arrays, r["id"])
+        if not npz.exists():
+            continue
+        a = np.load(npz)
+        lik = HeldoutLikelihood.from_arrays({k[len("heldout_"):]: a[k] for k in a.files
+                                             if k.startswith("heldout_")})
+        truth, x_hat, var_post = a["truth"], torch.as_tensor(a["x_hat"]), \
+            torch.as_tensor(a["var_post"])
+        row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
+        mle = lik.fit()
+        candidates = {str(w): mle if math.isinf(w) else lik.fit(prior, w, mle=mle)
+                      for w in widths}
+        candidates["calibrated"] = prior  # the calibration alone, no held-out fit
+        if floor:  # the calibration as a floor under the MLE
+            candidates["floor"] = ModelErrorCoefficients(max(mle.t0, prior.t0),
+                                                         max(mle.s1, prior.s1), "heldout")
+        for name, co in candidates.items():
+            s = score_total(truth, x_hat, var_post, co)
+            per_width.setdefault(name, []).append(s)
+            row[name] = {"t0": co.t0, "s1": co.s1, **s}
+        per_case.append(row)
+    summary = {w: summarise(rs) for w, rs in per_width.items() if rs}
+    chosen, rule = choose_width({w: summary[w] for w in map(str, widths) if w in summary})
+    return {"split": "validation", "calibration": str(calibration),
+            "prior": {"t0": prior.t0, "s1": prior.s1, "info": {
+                k: prior.info.get(k) for k in ("preset", "split", "n_images", "angles",
+                                               "noise_levels")}},
+            "widths": [str(w) for w in widths], "rule": rule, "chosen": chosen,
+            "summary": summary, "cases": per_case, "seconds": time.perf_counter() - t_start}
+
+
+def tune_split(rows: list[dict], arrays, calibration, everies, *, n_angles: int = 30,
+               width: float = 0.1, threads: int = 1) -> dict:
+    """Score held-out splits (every k-th angle out) on stored scans of ``n_angles`` angles.
+
+    Each scan is simulated again (:func:`ctuq.bench.cases.simulate`) and its
+    held-out DIP refitted per k with the reconstruction's DIP settings; the
+    coefficients are fitted by maximum likelihood and under the calibrated
+    prior of width ``width``, and scored on the stored truth,
+    reconstruction and posterior variance.
+
+    Returns
+    -------
+    dict
+        ``angles``, ``width``, ``every``, ``rule``, ``chosen``
+        (:func:`choose_split`), ``summary``, ``cases``, ``seconds``.
+    """
+    from ctuq.bench.calibration import CalibrationRun, reconstruction_config
+    from ctuq.bench.cases import simulate
+    from ctuq.recon import model_error as me
+
+    torch.set_num_threads(threads)
+    prior = me.ModelErrorCoefficients.load(calibration)
+    t_start = time.perf_counter()
+    cases = []
+    for row in rows:
+        if row["n_angles"] != n_angles:
+            continue
+        a = np.load(_arrays(arrays, row["id"]))
+        scan = simulate(row)
+        dip_cfg, _ = reconstruction_config(row, CalibrationRun(threads=threads)).resolve(
+            scan.truth.shape)
+        truth, x_hat, var_post = a["truth"], torch.as_tensor(a["x_hat"]), \
+            torch.as_tensor(a["var_post"])
+        out = {"id": row["id"], "condition": row["condition"], "family": row["family"]}
+        for every in everies:
+            mask, dip_in = me.heldout_fit(scan.y, scan.op, dip_cfg, every=every,
+                                          noise_std=scan.sigma)
+            lik = me.heldout_likelihood(scan.op, scan.y, mask,
+                                        dip_in.reconstruction.detach().cpu(), var_post,
+                                        scan.sigma ** 2)
+            mle = lik.fit()
+            for name, co in (("mle", mle), ("prior", lik.fit(prior, width, mle=mle))):
+                out[f"{every}_{name}"] = {"t0": co.t0, "s1": co.s1, "n_out": int(mask.sum()),
+                                          **score_total(truth, x_hat, var_post, co)}
+        cases.append(out)
+        log.info("%s: %s", row["id"], ", ".join(
+            f"{k} {v['coverage_2']:.3f}" for k, v in out.items() if isinstance(v, dict)))
+    variants = [f"{e}_{n}" for e in everies for n in ("mle", "prior")]
+    summary = {v: summarise([c[v] for c in cases]) for v in variants}
+    return {"split": "validation", "angles": n_angles, "width": width,
+            "calibration": str(calibration), "every": list(everies),
+            "rule": f"with the prior: best worst-image ±2σ coverage among the splits whose "
+                    f"mean LL is within {LL_SLACK} nats of every 6th's",
+            "chosen": choose_split(summary), "summary": summary, "cases": cases,
+            "seconds": time.perf_counter() - t_start}

@@ -1,0 +1,67 @@
+"""A calibration-benchmark case scores exactly what the product writes for the same scan.
+
+The benchmark (ctuq.bench.calibration.run_case) reconstructs in memory with
+``ctuq.reconstruct``; here the same simulated scan goes through the product's
+file path instead: written as a sinogram file, reconstructed by
+``ctuq.reconstruct_file``, read back with ``ctuq.read_result`` and scored by the
+same function. Every score of every method derived from the result must agree.
+"""
+
+import pytest
+
+import ctuq
+from ctuq.bench import calibration as cal
+from ctuq.bench.cases import calibration_cases, simulate, sinogram
+from ctuq.bench.runner import clean
+from ctuq.bench.scores import score
+from ctuq.data.io.npz_file import write_sinogram_npz
+from ctuq.recon.model_error import ModelErrorCoefficients
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
+    case = next(c for c in calibration_cases("test", [28], 1) if c["family"] == "digits")
+    # ctuq ships no calibration for the 28² preset: a made-up one, for calibrated/conformal
+    config = cal.reconstruction_config(case, cal.CalibrationRun())
+    preset = config.preset_for((case["size"], case["size"]))
+    calibration = ModelErrorCoefficients(1.5, 0.05, "calibrated", conformal=1.3)
+    (tmp_path / "cal").mkdir()
+    calibration.save(tmp_path / "cal" / f"{preset}.json")
+    run = cal.CalibrationRun(quick=True, quick_iterations=40, predcp_variants=(False,),
+                             calibration=str(tmp_path / "cal"), mc_dropout=False,
+                             arrays=str(tmp_path / "arrays"),
+                             uncertainty={"n_samples": 2, "predictive_samples": 16})
+    row = cal.run_case(case, run)
+
+    scan = simulate(case)
+    write_sinogram_npz(tmp_path / "scan.npz", sinogram(scan, with_truth=False))
+    config = cal.reconstruction_config(case, run)
+    ctuq.reconstruct_file(tmp_path / "scan.npz", tmp_path / "scan.ctuq.h5", config)
+    result = ctuq.read_result(tmp_path / "scan.ctuq.h5")
+    from_file = clean(cal.result_methods(result, scan.truth, calibration))
+
+    names = {"posterior", "heldout", "heldout_mle", "calibrated", "conformal"}
+    assert set(from_file["methods"]) == names
+    assert from_file["methods"] == {k: row["methods"][k] for k in names}
+    assert from_file["coefficients"] == {k: row["coefficients"][k] for k in
+                                         ("heldout", "heldout_mle")}
+    # the figures are of the product's own std: the file's total std scores as `heldout`
+    assert row["methods"]["heldout"] == clean(score(scan.truth, result.reconstruction,
+                                                    result.std))
+
+    # the kept arrays rescore a row scored before its calibration existed, to the same figures
+    bare = {**row, "methods": {k: v for k, v in row["methods"].items()
+                               if k not in ("calibrated", "conformal")},
+            "times_s": dict(row["times_s"])}
+    cal.rescore([bare], run)
+    assert {k: bare["methods"][k] for k in ("calibrated", "conformal")} == \
+        {k: row["methods"][k] for k in ("calibrated", "conformal")}
+    # and hold the held-out likelihood that the tuning refits: its MLE is the row's
+    from ctuq.bench.tuning import tune_prior_width
+
+    tuned = tune_prior_width([row], tmp_path / "arrays", tmp_path / "cal" / f"{preset}.json",
+                             [float("inf")])
+    (fit,) = tuned["cases"]
+    assert fit["inf"]["t0"] == pytest.approx(row["coefficients"]["heldout_mle"]["t0"], abs=1e-6)
+    assert fit["inf"]["s1"] == pytest.approx(row["coefficients"]["heldout_mle"]["s1"], abs=1e-6)

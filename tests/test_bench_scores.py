@@ -1,0 +1,84 @@
+"""ctuq.bench.scores and ctuq.bench.machine: the benchmarks' scores and measurements."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ctuq.bench import scores
+from ctuq.bench.machine import PeakMemory, machine, median_s
+from ctuq.data.phantoms import make_phantom
+from ctuq.recon import predictive
+
+
+@pytest.fixture
+def image():
+    gen = np.random.default_rng(0)
+    truth = make_phantom("ellipses", 32, 1).astype(np.float64)
+    mean = truth + gen.normal(0, 0.03, truth.shape)
+    std = gen.uniform(0.01, 0.05, truth.shape)
+    return truth, mean, std
+
+
+def test_score_agrees_with_the_predictive_metrics_and_splits_edges(image):
+    truth, mean, std = image
+    s = scores.score(truth, mean, std)
+    cov = predictive.coverage(truth, mean, std)
+    assert [s[f"coverage_{k}"] for k in (1, 2, 3)] == pytest.approx([cov[1], cov[2], cov[3]])
+    assert s["pixel_log_likelihood"] == pytest.approx(
+        predictive.pixel_log_likelihood(truth, mean, std), rel=1e-12)
+    assert s["psnr"] == predictive.psnr(truth, mean) and s["ssim"] == predictive.ssim(truth, mean)
+    # edges and off edges partition the image
+    e = s["edge_fraction"]
+    assert 0 < e < 1
+    for k in (1, 2, 3):
+        assert s[f"coverage_{k}"] == pytest.approx(
+            e * s[f"coverage_{k}_edges"] + (1 - e) * s[f"coverage_{k}_off_edges"], abs=1e-12)
+    rel = s["reliability"]
+    assert len(rel) == len(scores.LEVELS) and all(b >= a for a, b in zip(rel, rel[1:]))
+
+
+def test_a_zero_std_is_scored_without_a_floor(image):
+    truth, mean, std = image
+    std = std.copy()
+    std[0, 0] = 0.0
+    mean = mean.copy()
+    mean[0, 0] = truth[0, 0] + 0.1  # wrong, and certain of it
+    s = scores.score(truth, mean, std)
+    # not a number (JSON null): the mean over images then leaves this image out
+    assert not math.isfinite(s["pixel_log_likelihood"])
+    inside = np.abs(truth - mean) <= std
+    assert not inside[0, 0] and s["coverage_1"] == pytest.approx(float(inside.mean()))
+    q = scores.sample_scores(truth, mean, std, floor=1e-6)
+    assert q["zero_std_fraction"] == pytest.approx(1 / truth.size) and math.isfinite(q["ll"])
+    live = std > 0
+    assert q["coverage2_nonzero_std"] == pytest.approx(
+        float((np.abs(truth - mean)[live] <= 2 * std[live]).mean()))
+
+
+def test_quality_uses_the_variance_and_clamps_negative_round_off(image):
+    truth, mean, std = image
+    var = torch.as_tensor(std**2)
+    q = scores.quality(truth, mean, var)
+    assert q["mean_std"] == pytest.approx(float(std.mean()))
+    assert q["test_ll"] == pytest.approx(predictive.pixel_log_likelihood(truth, mean, std))
+    var[0, 0] = -1e-20  # round-off of an exact variance: a zero std there, scored with a floor
+    clamped = scores.quality(truth, mean, var, floor=1e-6)
+    assert clamped["mean_std"] == pytest.approx(q["mean_std"] - std[0, 0] / truth.size)
+
+
+def test_summarise_images_skips_missing_scores():
+    rows = [{"a": 1.0}, {"a": 3.0}, {"a": None}]
+    assert scores.summarise_images(rows, ["a"]) == {"images": 3, "a_mean": 2.0, "a_worst": 1.0}
+
+
+def test_peak_memory_sees_an_allocation_inside_the_block():
+    with PeakMemory("cpu", interval=0.001) as mem:
+        block = np.ones(64 * 2**20 // 8)  # 64 MiB, touched
+        block += 1
+        del block
+    assert mem.kind == "process RSS" and mem.peak_bytes - mem.base >= 48 * 2**20
+    m = machine("cpu")
+    assert m["cpu_count"] >= 1 and m["device"] == "cpu" and m["torch"] == torch.__version__
+    assert median_s(lambda: None, 3) >= 0
