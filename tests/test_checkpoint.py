@@ -118,7 +118,7 @@ def test_checkpoint_files_ignore_damage_and_keep_user_files(tmp_path):
     (ck.folder / "slice0-dip.pt").write_bytes(b"not a checkpoint")
     assert ck.load(0, "dip", "k1") is None  # damaged: the stage runs again
     with pytest.raises(ValueError):
-        ck.save(0, "fbp", "k1", 1, seconds=0.0)
+        ck.save(0, "../fbp", "k1", 1, seconds=0.0)
     (ck.folder / "notes.txt").write_text("mine")
     ck.clear()
     assert sorted(p.name for p in ck.folder.iterdir()) == ["notes.txt"]

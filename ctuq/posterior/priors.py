@@ -49,7 +49,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -58,7 +59,7 @@ from ctuq.errors import InputError
 from ctuq.posterior.linearize import Linearization, ParamBlock
 
 __all__ = ["GaussianPrior", "BlockPrior", "GPrior", "matern_half_kernel", "kernel_positions",
-           "build_prior", "PRIOR_KINDS"]
+           "build_prior", "PRIOR_KINDS", "PRIORS", "PriorKind", "prior_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,17 @@ class GaussianPrior(nn.Module):
     @property
     def num_blocks(self) -> int:
         return len(self.block_names)
+
+    @property
+    def lengthscale_blocks(self) -> list[bool]:
+        """Per block: whether its covariance has a lengthscale ``ℓ_b`` (in ``log_l``)
+        that matters. Default: none."""
+        return [False] * self.num_blocks
+
+    @property
+    def learns_lengthscale(self) -> bool:
+        """Some block has a lengthscale to learn (:attr:`lengthscale_blocks`)."""
+        return any(self.lengthscale_blocks)
 
     def _index(self, b) -> int:
         if isinstance(b, str):
@@ -409,6 +421,11 @@ class BlockPrior(GaussianPrior):
         """Per block: whether its ``C_b`` depends on ``ℓ_b``."""
         return [any(p.p > 1 for p in pieces) for pieces in self._pieces]
 
+    @property
+    def lengthscale_blocks(self) -> list[bool]:
+        """The Matérn blocks (``kind='matern'``); none for ``'iso'``."""
+        return self.matern_blocks if self.kind == "matern" else [False] * self.num_blocks
+
     @torch.no_grad()
     def set_hyperparameters(self, variances=None, lengthscales=None) -> None:
         """Overwrite ``a_b`` and/or ``ℓ_b`` (e.g. after a closed-form M-step).
@@ -543,7 +560,72 @@ class GPrior(GaussianPrior):
 
 #: The priors of :func:`build_prior`: Matérn-½ per-block filter covariance, isotropic
 #: per-block ARD, the g-prior.
-PRIOR_KINDS = ("matern", "ard", "gprior")
+def _blocks_of(source):
+    """The block layout of a likelihood (its ``lin``) or of a linearisation itself."""
+    return source if isinstance(source, Linearization) else getattr(source, "lin", source)
+
+
+@dataclass(frozen=True)
+class PriorKind:
+    """One kind of prior in :data:`PRIORS`: how to build it and what it has.
+
+    Attributes
+    ----------
+    name : str
+        The name in settings (``[uncertainty.laplace] prior``).
+    build : callable
+        ``build(source, variance, lengthscale, *, generator=None, **options)``
+        → :class:`GaussianPrior`; ``source`` is the likelihood (or, for a
+        kind that does not use it, a linearisation).
+    has_lengthscale : bool
+        Its covariance has lengthscales ``ℓ_b`` that an M-step or a
+        hyperprior may learn (:attr:`GaussianPrior.lengthscale_blocks`).
+    uses_likelihood : bool
+        Built from the likelihood's ``Φ`` (not only the block layout); its
+        initial variance is then put on the data's scale by clients.
+    classifier : bool
+        Offered for classifiers (:mod:`ctuq.classify`).
+    doc : str
+    """
+
+    name: str
+    build: Callable
+    has_lengthscale: bool = False
+    uses_likelihood: bool = False
+    classifier: bool = True
+    doc: str = ""
+
+
+def _build_block(kind: str):
+    def build(source, variance=1.0, lengthscale=0.1, *, generator=None, **options):
+        return BlockPrior(_blocks_of(source), kind=kind, variance=variance,
+                          lengthscale=lengthscale)
+    return build
+
+
+def _build_gprior(source, variance=1.0, lengthscale=None, *, generator=None, **options):
+    return GPrior.from_likelihood(source, g=variance, generator=generator, **options)
+
+
+#: The kinds of prior by name. A new prior: its class in this module and one line here.
+PRIORS: dict[str, PriorKind] = {k.name: k for k in (
+    PriorKind("matern", _build_block("matern"), has_lengthscale=True, classifier=False,
+              doc="Matérn-½ filter covariance per block (reference)."),
+    PriorKind("ard", _build_block("iso"), doc="Isotropic per-block ARD."),
+    PriorKind("gprior", _build_gprior, uses_likelihood=True,
+              doc="g-prior: one variance on Φ's column scales."),
+)}
+#: Their names.
+PRIOR_KINDS = tuple(PRIORS)
+
+
+def prior_kind(name: str) -> PriorKind:
+    """``PRIORS[name]``; an unknown name is an InputError naming ``prior``."""
+    try:
+        return PRIORS[name]
+    except (KeyError, TypeError):
+        raise InputError(f"must be one of {', '.join(PRIORS)}, got {name!r}",
+                         field="prior") from None
 
 
 def build_prior(likelihood, kind: str, variance: float = 1.0, lengthscale: float = 0.1, *,
@@ -554,8 +636,8 @@ def build_prior(likelihood, kind: str, variance: float = 1.0, lengthscale: float
     ----------
     likelihood : Likelihood
         Its linearisation gives the blocks; the g-prior's scales come from its ``Φ``.
-    kind : {'matern', 'ard', 'gprior'}
-        :class:`BlockPrior` ``kind='matern'`` or ``kind='iso'``, or :class:`GPrior`.
+    kind : str
+        A name of :data:`PRIORS` (``'matern'``, ``'ard'``, ``'gprior'``).
     variance : float, optional
         Initial ``a_b`` (every block) or ``g``. Default 1 (reference).
     lengthscale : float, optional
@@ -565,10 +647,5 @@ def build_prior(likelihood, kind: str, variance: float = 1.0, lengthscale: float
     **gprior_options
         Passed to :meth:`GPrior.from_likelihood` (``exact``, ``n_probes``, ``floor``).
     """
-    if kind == "gprior":
-        return GPrior.from_likelihood(likelihood, g=variance, generator=generator,
-                                      **gprior_options)
-    if kind in ("matern", "ard"):
-        return BlockPrior(likelihood.lin, kind="matern" if kind == "matern" else "iso",
-                          variance=variance, lengthscale=lengthscale)
-    raise InputError(f"must be one of {', '.join(PRIOR_KINDS)}, got {kind!r}", field="prior")
+    return prior_kind(kind).build(likelihood, variance, lengthscale, generator=generator,
+                                  **gprior_options)
