@@ -58,7 +58,7 @@ from ctuq.errors import InputError
 from ctuq.fields import build, setting, specs, validate
 from ctuq.models.unet import PRESETS, preset_name_for_size
 from ctuq.recon.dip import DIPConfig, check_device
-from ctuq.recon.methods.laplace import LaplaceSettings
+from ctuq.recon.methods.laplace import LaplaceMethod, LaplaceSettings
 from ctuq.recon.model_error.terms import MODEL_ERROR_TERMS, HeldoutTerm
 from ctuq.recon.presets import UNCERTAINTY_DEFAULTS
 
@@ -77,6 +77,8 @@ RUNTIME_ONLY_READ = ("isolate", "read_timeout", "max_memory_gib")
 #: The Laplace settings (:class:`~ctuq.recon.methods.laplace.LaplaceSettings`), also
 #: read directly in ``[uncertainty]`` (files written before the method sub-tables).
 LAPLACE_ONLY = tuple(f.name for f in dataclasses.fields(LaplaceSettings))
+#: Their sub-table, and the method of a run that names none.
+FLAT_TABLE = DEFAULT_METHOD = LaplaceMethod.name
 
 
 #: The model-error term of a default run (chosen on the validation split, docs/defaults.md).
@@ -162,7 +164,7 @@ class UncertaintyConfig:
         written before them, the Laplace settings by name (``n_samples=8``).
     """
 
-    method: str = setting("laplace", kind=str, check=_known_method,
+    method: str = setting(DEFAULT_METHOD, kind=str, check=_known_method,
                           doc="Uncertainty method (ctuq.recon.methods): laplace, ivon, "
                               "mc-dropout.")
     predictive_samples: int = setting(128, kind=int, minimum=1, maximum=100_000,
@@ -184,7 +186,7 @@ class UncertaintyConfig:
     #: ``table -> settings object`` of every registered method.
     tables: dict = field(default_factory=dict, compare=True)
 
-    def __init__(self, method: str = "laplace", predictive_samples: int = 128,
+    def __init__(self, method: str = DEFAULT_METHOD, predictive_samples: int = 128,
                  stored_samples: int = 8, model_error: str = DEFAULT_TERM,
                  heldout_every: int = 6, heldout_min_out: int = 7,
                  heldout_prior_width: float = 0.1, model_error_file: str | None = None,
@@ -222,8 +224,8 @@ class UncertaintyConfig:
         tables = self.__dict__.get("tables", {})
         if name in tables:
             return tables[name]
-        if name in LAPLACE_ONLY and "laplace" in tables:
-            return getattr(tables["laplace"], name)
+        if name in LAPLACE_ONLY and FLAT_TABLE in tables:
+            return getattr(tables[FLAT_TABLE], name)
         raise AttributeError(f"UncertaintyConfig has no setting {name!r}")
 
     @property
@@ -264,12 +266,12 @@ class UncertaintyConfig:
                if k not in LAPLACE_ONLY}
         flat = {k: v for k, v in d.items() if k in LAPLACE_ONLY}
         if flat:
-            table = dict(out.get("laplace") or {})
+            table = dict(out.get(FLAT_TABLE) or {})
             twice = sorted(set(flat) & set(table))
             if twice:
                 raise InputError("given both in [uncertainty] and in [uncertainty.laplace]",
                                  field=f"uncertainty.{twice[0]}")
-            out["laplace"] = {**table, **flat}
+            out[FLAT_TABLE] = {**table, **flat}
         return out
 
     @classmethod
@@ -322,7 +324,7 @@ class UncertaintyConfig:
             out[name] = (spec, default)
         for table, mcls in _method_tables().items():
             for name, entry in specs(mcls.settings_class).items():
-                out[name if table == "laplace" else f"{table}.{name}"] = entry
+                out[name if table == FLAT_TABLE else f"{table}.{name}"] = entry
         return out
 
 
@@ -348,8 +350,8 @@ def _build_tables(tables: dict, given: dict) -> dict:
     for table, mcls in known.items():
         base = tables.get(table)
         over = given.get(table)
-        if table == "laplace" and flat:
-            over = UncertaintyConfig.canonical({**flat, "laplace": dict(over or {})})["laplace"]
+        if table == FLAT_TABLE and flat:
+            over = UncertaintyConfig.canonical({**flat, table: dict(over or {})})[table]
         if over is not None and not isinstance(over, (dict, mcls.settings_class)):
             raise InputError(f"must be a table of settings, got {over!r}",
                              field=f"uncertainty.{table}")
