@@ -167,7 +167,7 @@ def test_samples_carry_the_total_variance(with_model_error):
     post, total = r.posterior, np.asarray(r.variance, np.float64)
     me = np.asarray(r.model_error_std, np.float64) ** 2
     assert me.mean() > 2 * (np.asarray(r.posterior_std, np.float64) ** 2).mean()
-    n = 200
+    n = 128
     x = post.sample(n, seed=4).astype(np.float64)
     var = x.var(axis=0, ddof=1)
     # pixel-averaged: Monte-Carlo error ≈ √(2/n) / √(pixels) of the mean, far below 10 %
@@ -188,8 +188,9 @@ def test_region_std_of_one_pixel_is_that_pixels_total_std(with_model_error):
     # the model-error part is exact: Σ_R v / |R|² for a region
     region = (slice(5, 15), slice(8, 20))
     parts = post.region_std_parts(region, seed=3)
+    # (the result keeps the std in float32)
     assert parts["model_error"] == pytest.approx(np.sqrt(me[region].sum()) / me[region].size,
-                                                 rel=1e-9)
+                                                 rel=1e-6)
     assert parts["total"] == pytest.approx(np.hypot(parts["posterior"], parts["model_error"]))
     assert parts["posterior_relative_error"] == pytest.approx(1 / np.sqrt(64))
     assert post.region_std(region, seed=3, include_model_error=False) == \

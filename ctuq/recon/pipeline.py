@@ -310,7 +310,9 @@ class _Slice:
         self.problem, self.progress, self.cancel, self.runner = problem, progress, cancel, runner
         self.method = problem.uncertainty.make_method()
         self.timings: dict[str, float] = {}
-        self.fbp = self.dip = self.outcome = self.model_error = None
+        self.t_start = time.perf_counter()
+        self.term = self.fbp = self.dip = self.outcome = self.model_error = None
+        self.record: dict | None = None
 
 
 def _fbp_stage(s: _Slice) -> None:
@@ -343,18 +345,11 @@ def _model_error_stage(s: _Slice) -> None:
     s.timings["model_error"] = s.model_error.seconds
 
 
-#: The stages of a slice, in order: ``(name, function of the slice's state)``.
-#: ``dip`` and the method's own long sub-stages are checkpointed.
-STAGES = (("fbp", _fbp_stage), ("dip", _dip_stage), ("uncertainty", _uncertainty_stage),
-          ("model error", _model_error_stage))
-
-
 def reconstruct_slice(problem: ReconstructionProblem, progress=None, cancel=None, *,
                       ckpt: StageCheckpoints | None = None, index: int = 0) -> dict:
     """Run :data:`STAGES` on one 2-D problem; the arrays and records of its result."""
     from ctuq.recon.model_error import make_model_error
 
-    t_start = time.perf_counter()
     s = _Slice(problem, progress, cancel, StageRunner(ckpt, index, problem))
     unc = problem.uncertainty
     # read any calibration file before a fit: a missing or bad one fails at once
@@ -363,10 +358,10 @@ def reconstruct_slice(problem: ReconstructionProblem, progress=None, cancel=None
     for _, stage in STAGES:
         stage(s)
         check_cancel(cancel, "reconstruction")
-    return _slice_record(s, time.perf_counter() - t_start)
+    return s.record
 
 
-def _slice_record(s: _Slice, seconds: float) -> dict:
+def _metrics_stage(s: _Slice) -> None:
     """The predictive summary of one slice: total std, samples, metrics, effective config."""
     from ctuq.recon import predictive
 
@@ -391,7 +386,8 @@ def _slice_record(s: _Slice, seconds: float) -> dict:
             metrics["psnr_dip"] = predictive.psnr(truth, s.dip.reconstruction.detach().cpu())
     timings = s.timings
     # this run's seconds plus the loaded stages' own
-    timings["total"] = seconds + sum(timings[st] for st in s.runner.resumed)
+    timings["total"] = (time.perf_counter() - s.t_start
+                        + sum(timings[st] for st in s.runner.resumed))
     effective = {"preset": p.preset, "device": str(p.device), "seed": p.seed,
                  "backend": p.op.backend, "noise_std": p.noise.std,
                  "noise_std_known": p.noise.known, "dip": s.dip.config.to_dict(),
@@ -399,7 +395,7 @@ def _slice_record(s: _Slice, seconds: float) -> dict:
                  **out.summary, "model_error": me.coefficients.to_dict(), "timings_s": timings}
     k = min(unc.stored_samples, unc.predictive_samples)
     samples = out.samples
-    return {
+    s.record = {
         "mean": mean.cpu().numpy(), "std": std.float().numpy(),
         "variance": variance.float().numpy(), "posterior_std": var_post.sqrt().float().numpy(),
         "model_error_std": me.variance.sqrt().float().numpy(),
@@ -409,6 +405,12 @@ def _slice_record(s: _Slice, seconds: float) -> dict:
         "trace": out.trace, "config": effective, "device": str(p.device),
         "posterior": out.posterior,
     }
+
+
+#: The stages of a slice, in order: ``(name, function of the slice's state)``.
+#: ``dip`` and the method's own long sub-stages are checkpointed.
+STAGES = (("fbp", _fbp_stage), ("dip", _dip_stage), ("uncertainty", _uncertainty_stage),
+          ("model error", _model_error_stage), ("metrics", _metrics_stage))
 
 
 def flat_metrics(summary: dict) -> dict[str, float]:
