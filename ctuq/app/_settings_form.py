@@ -16,7 +16,12 @@ magicgui widgets, one per field:
 * optional (None allowed): :class:`AutoOr`, an "auto" tick box beside the
   widget above; ticked means None.
 
-Tables and lists (``dict``, ``list`` settings) are left to TOML files.
+Tables and lists (``dict``, ``list`` settings) are left to TOML files. A class
+with sub-tables says which of their fields a form may show by a ``form_specs()``
+class method (:func:`form_specs`; ``UncertaintyConfig``: the Laplace settings by
+name, the other methods' as ``ivon.lr``, the methods registered at the time as
+the choices of ``method``); :meth:`SettingsForm.changed` returns a sub-table's
+fields as a table of their own (``{"ivon": {"lr": ...}}``).
 
 The tooltip is the field's key (``dip.iterations``), help text, range and
 unit. A number out of range cannot be entered (the spin boxes clamp, and
