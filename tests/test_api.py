@@ -157,7 +157,7 @@ def test_units_integers_and_no_empty_arrays(tmp_path, measured):
         assert h["entry/reconstruction/em_trace"].attrs["n_steps"].dtype.kind == "i"
         params = h["entry/reconstruction/parameters"]
         assert params["dip/iterations"].dtype.kind == "i"
-        assert params["uncertainty/n_samples"].dtype.kind == "i"
+        assert params["uncertainty/laplace/n_samples"].dtype.kind == "i"
         assert params["timings_s/dip"].attrs["units"] == "s"
         for name, ds in datasets.items():  # timings are seconds, counts never float
             if name.startswith("entry/reconstruction/em_trace/") and name.endswith("step"):

@@ -12,7 +12,7 @@ from ctuq.data.io import read_result, write_sinogram
 from ctuq.data.operators import RayTransform
 from ctuq.data.phantoms import digits
 from ctuq.data.simulate import simulate_sinogram
-from ctuq.errors import Cancelled
+from ctuq.errors import Cancelled, InputError
 from ctuq.recon import checkpoint
 from ctuq.recon.checkpoint import StageCheckpoints
 from ctuq.recon.pipeline import checkpoint_folder, reconstruct_file
@@ -118,7 +118,7 @@ def test_checkpoint_files_ignore_damage_and_keep_user_files(tmp_path):
     (ck.folder / "slice0-dip.pt").write_bytes(b"not a checkpoint")
     assert ck.load(0, "dip", "k1") is None  # damaged: the stage runs again
     with pytest.raises(ValueError):
-        ck.save(0, "fbp", "k1", 1, seconds=0.0)
+        ck.save(0, "../fbp", "k1", 1, seconds=0.0)
     (ck.folder / "notes.txt").write_text("mine")
     ck.clear()
     assert sorted(p.name for p in ck.folder.iterdir()) == ["notes.txt"]
@@ -147,3 +147,33 @@ def test_an_unwritable_folder_costs_only_the_resume(tmp_path):
     assert ck.load(0, "dip", "k") is None
     ck.clear()
     assert blocker.read_text() == "a user's file"
+
+
+def test_a_failing_input_leaves_no_resume_folder(tmp_path):
+    # 6 angles cannot be split for the held-out term: an InputError after the DIP stage
+    # was saved; rerunning fails the same way, so nothing is kept
+    g = Geometry.parallel(28, n_angles=6)
+    y, sigma = simulate_sinogram(digits(1)[0], RayTransform(g), 0.05, seed=2)
+    src = tmp_path / "few.h5"
+    write_sinogram(src, ctuq.Sinogram(y.numpy(), g, {"noise_std": sigma}))
+    cfg = _config().merged({"uncertainty": {"model_error": "heldout", "heldout_every": 2},
+                            "dip": {"iterations": 5}})
+    out = tmp_path / "few_recon.h5"
+    saved = []
+    with pytest.raises(InputError, match="too few"):
+        reconstruct_file(src, out, cfg, progress=lambda ev: saved.append(
+            checkpoint_folder(out).is_dir()))
+    assert any(saved)  # the DIP stage had been saved
+    assert not checkpoint_folder(out).exists() and not out.exists()
+    # a missing calibration file fails before any fit: no folder either
+    bad = _config().merged({"uncertainty": {"model_error": "calibrated",
+                                            "model_error_file": str(tmp_path / "no.json")}})
+    with pytest.raises(InputError, match="no such model-error file"):
+        reconstruct_file(src, out, bad)
+    assert not checkpoint_folder(out).exists()
+
+
+def test_a_cancel_before_any_saved_stage_leaves_no_folder(scan_file, tmp_path):
+    out = tmp_path / "r.h5"
+    folder = _stop_at(scan_file, out, "dip")
+    assert not folder.exists()

@@ -64,3 +64,37 @@ def test_bad_config_names_file_and_field(tmp_path, text, field):
 def test_missing_config_file(tmp_path):
     with pytest.raises(InputError, match="no such config file"):
         ReconstructionConfig.from_toml(tmp_path / "nope.toml")
+
+
+def test_method_sub_tables_and_the_flat_laplace_keys_are_one_setting(tmp_path):
+    flat = ReconstructionConfig(uncertainty={"n_samples": 3, "predcp": True})
+    nested = ReconstructionConfig(uncertainty={"laplace": {"n_samples": 3, "predcp": True}})
+    # kept as given (a file written before the sub-tables reads back the same) ...
+    assert flat.uncertainty == {"n_samples": 3, "predcp": True}
+    assert ReconstructionConfig.from_dict(flat.to_dict()) == flat
+    # ... and the same settings wherever it matters: resolution and the resume check
+    assert flat.resolve((64, 64)) == nested.resolve((64, 64))
+    assert flat.result_affecting() == nested.result_affecting()
+    _, unc = nested.resolve((64, 64))
+    assert unc.n_samples == unc.laplace.n_samples == 3 and unc.preconditioner_rank == 200
+    merged = flat.merged({"uncertainty": {"laplace": {"em_steps": 2}}})
+    assert merged.resolve((28, 28))[1].laplace.n_samples == 3
+    assert merged.resolve((28, 28))[1].em_steps == 2
+    path = tmp_path / "m.toml"
+    path.write_text('[uncertainty]\nmethod = "ivon"\npredictive_samples = 4\n'
+                    '[uncertainty.ivon]\niterations = 7\ness = 16.0\n'
+                    '[uncertainty.mc_dropout]\ndropout = 0.2\n')
+    _, unc = ReconstructionConfig.from_toml(path).resolve((28, 28))
+    assert (unc.ivon.iterations, unc.ivon.ess, unc.mc_dropout.dropout) == (7, 16.0, 0.2)
+    assert unc.method_settings is unc.ivon
+    assert set(unc.effective()) >= {"method", "predictive_samples", "model_error", "ivon"}
+    assert "laplace" not in unc.effective()
+
+
+def test_an_unknown_key_in_uncertainty_names_it():
+    with pytest.raises(InputError) as err:
+        ReconstructionConfig(uncertainty={"wings": 2})
+    assert err.value.field == "uncertainty.wings"
+    with pytest.raises(InputError) as err:
+        ReconstructionConfig(uncertainty={"ivon": {"wings": 2}})
+    assert err.value.field == "uncertainty.ivon.wings"

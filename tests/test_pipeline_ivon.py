@@ -1,4 +1,4 @@
-"""``[uncertainty] method = "ivon"`` (issue 24 build item 2): the pipeline's IVON-DIP branch from
+"""``[uncertainty] method = "ivon"``: the pipeline's IVON method from
 a TOML file into a valid result file, the model-error term on top of IVON's variance, progress
 and cancel, and the settings' errors."""
 
@@ -29,16 +29,12 @@ method = "ivon"
 predictive_samples = 6
 stored_samples = 2
 model_error = "none"
-prior = "matern"        # Laplace-only: ignored, listed as unused
+prior = "matern"        # a Laplace setting (older flat form): not IVON's, not recorded
+[uncertainty.ivon]
+iterations = 20
 """
 
 IVON_STEPS = 20
-
-
-@pytest.fixture
-def few_ivon_steps(monkeypatch):
-    monkeypatch.setattr(ivon_dip, "PIPELINE_CONFIG",
-                        ivon_dip.IVONDIPConfig(iterations=IVON_STEPS))
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +45,7 @@ def scan():
     return Sinogram(y.numpy(), g, {"noise_std": sigma}, ground_truth=truth)
 
 
-def test_ivon_from_toml_end_to_end(tmp_path, scan, few_ivon_steps):
+def test_ivon_from_toml_end_to_end(tmp_path, scan):
     src = tmp_path / "scan.h5"
     write_sinogram(src, scan)
     cfg_path = tmp_path / "ivon.toml"
@@ -67,10 +63,11 @@ def test_ivon_from_toml_end_to_end(tmp_path, scan, few_ivon_steps):
     # model_error = none: the total std is IVON's
     np.testing.assert_allclose(std, res.posterior_std, rtol=1e-6)
     assert np.all(np.asarray(res.model_error_std) == 0)
-    # the effective config says what ran: IVON and its settings, the Laplace-only ones unused
+    # the effective config says what ran: IVON and its settings, not the Laplace ones
     unc = res.config["uncertainty"]
     assert unc["method"] == "ivon" and unc["predictive_samples"] == 6
-    assert not set(LAPLACE_ONLY) & set(unc) and "prior" in res.config["uncertainty_unused"]
+    assert not set(LAPLACE_ONLY) & set(unc) and "laplace" not in unc
+    assert unc["ivon"]["iterations"] == IVON_STEPS and unc["ivon"]["hess_init"] == 1000.0
     assert "evidence" not in res.config
     ivon = res.config["ivon"]
     assert ivon["method"] == "ivon-dip" and ivon["config"]["iterations"] == IVON_STEPS
@@ -94,11 +91,12 @@ def test_ivon_from_toml_end_to_end(tmp_path, scan, few_ivon_steps):
     assert np.allclose(post.zero_mean_samples(4, seed=3).mean(0), 0, atol=1e-6)
 
 
-def test_model_error_adds_to_ivon_variance_and_cancel(scan, few_ivon_steps):
+def test_model_error_adds_to_ivon_variance_and_cancel(scan):
     cfg = ReconstructionConfig(preset="reference-28", threads=1, dip={"iterations": 30},
                                uncertainty={"method": "ivon", "predictive_samples": 4,
                                             "stored_samples": 0, "model_error": "heldout",
-                                            "heldout_every": 4})
+                                            "heldout_every": 4,
+                                            "ivon": {"iterations": IVON_STEPS}})
     res = ctuq.reconstruct(scan, cfg)
     total, post, me = (np.asarray(a, dtype=np.float64)
                        for a in (res.std, res.posterior_std, res.model_error_std))
@@ -120,6 +118,10 @@ def test_model_error_adds_to_ivon_variance_and_cancel(scan, few_ivon_steps):
     ("method = 'variational'", "uncertainty.method"),
     ("method = 'ivon'\npredictive_samples = 1", "uncertainty.predictive_samples"),
     ("method = 'ivon'\nmodel_error = 'calibrated'", "uncertainty.model_error_file"),
+    ("method = 'ivon'\n[uncertainty.ivon]\nlr = -1", "uncertainty.ivon.lr"),
+    ("method = 'ivon'\n[uncertainty.ivon]\nsteps = 3", "uncertainty.ivon.steps"),
+    ("[uncertainty.laplace]\nn_samples = 0", "uncertainty.laplace.n_samples"),
+    ("n_samples = 3\n[uncertainty.laplace]\nn_samples = 4", "uncertainty.n_samples"),
 ])
 def test_bad_ivon_settings_name_the_key(tmp_path, text, field):
     path = tmp_path / "bad.toml"

@@ -102,8 +102,8 @@ def test_missing_calibration_is_one_clear_error(scan, tmp_path):
 
 
 def test_heldout_prior_comes_from_the_named_file_or_the_shipped_one(tmp_path, monkeypatch):
-    from ctuq.recon import model_error as me
     from ctuq.recon.config import UncertaintyConfig
+    from ctuq.recon.model_error import coefficients as me
     from ctuq.recon.pipeline import heldout_prior
 
     path = ModelErrorCoefficients(2.0, 0.3, "calibrated").save(tmp_path / "c.json")

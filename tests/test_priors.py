@@ -213,3 +213,19 @@ def test_prior_on_cuda(lin):
     v = torch.randn(2, lin.num_params)
     assert torch.allclose(prior.cov(v.cuda()).cpu(), _prior(lin).cov(v), rtol=1e-5)
     assert prior.sample(3, torch.Generator().manual_seed(0)).device.type == "cuda"
+
+
+def test_prior_kinds_say_what_their_priors_have(lik):
+    # the registry's properties are what the EM, PredCP and the clients read instead of
+    # comparing names: a built prior must agree with its kind
+    from ctuq.posterior.priors import PRIORS, prior_kind
+
+    for name, kind in PRIORS.items():
+        prior = kind.build(lik, 0.5, 0.2, exact=True) if kind.uses_likelihood else \
+            kind.build(lik, 0.5, 0.2)
+        assert prior.learns_lengthscale == kind.has_lengthscale, name
+        assert len(prior.lengthscale_blocks) == prior.num_blocks, name
+        assert getattr(prior, "name", name) == name
+    assert PRIORS["matern"].has_lengthscale and not PRIORS["ard"].has_lengthscale
+    with pytest.raises(InputError, match="must be one of matern, ard, gprior"):
+        prior_kind("laplace")

@@ -10,7 +10,6 @@ import os
 import pytest
 
 from ctuq.data.io.options import GeometryOptions
-from ctuq.fields import specs
 from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
 from ctuq.recon.dip import DIPConfig
 
@@ -40,10 +39,10 @@ def _decimals(widget):
 def test_one_widget_per_field_with_its_spec(qtbot, cls, prefix):
     from magicgui.widgets import CheckBox, ComboBox, FloatSpinBox, LineEdit, SpinBox
 
-    from ctuq.app._settings_form import AutoOr, SettingsForm
+    from ctuq.app._settings_form import AutoOr, SettingsForm, form_specs
 
     form = SettingsForm(cls, prefix=prefix)
-    declared = specs(cls)
+    declared = form_specs(cls)
     # every declared field has a widget, in order, except tables and lists (TOML only)
     left_out = [n for n in declared if n not in form.widgets]
     assert all(declared[n][0].kind in (dict, list) for n in left_out), left_out
@@ -102,10 +101,10 @@ def _another_value(widget, spec, default):
 
 @pytest.mark.parametrize("cls, table", [(DIPConfig, "dip"), (UncertaintyConfig, "uncertainty")])
 def test_form_values_round_trip_through_the_config(qtbot, cls, table):
-    from ctuq.app._settings_form import SettingsForm
+    from ctuq.app._settings_form import SettingsForm, form_specs
 
     form = SettingsForm(cls, prefix=table)
-    declared = specs(cls)
+    declared = form_specs(cls)
     expected = {}
     for name, widget in form.widgets.items():
         spec, default = declared[name]
@@ -114,12 +113,19 @@ def test_form_values_round_trip_through_the_config(qtbot, cls, table):
             widget.value = value
             expected[name] = value
     assert len(expected) >= len(form.widgets) - 4       # all but the free-text fields
+    if cls is UncertaintyConfig:  # every registered method is offered, mc-dropout too
+        assert "mc-dropout" in form.widgets["method"].choices
     changed = form.changed()
-    assert changed == expected
+    nested = {}  # a sub-table's field (uncertainty.ivon.lr) is recorded in its table
+    for name, value in expected.items():
+        sub, _, key = name.rpartition(".")
+        (nested.setdefault(sub, {}) if sub else nested)[key] = value
+    assert changed == nested
     config = ReconstructionConfig(preset="reference-28", **{table: changed})
     stage = dict(zip(("dip", "uncertainty"), config.resolve((28, 28))))[table]
     for name, value in expected.items():
-        assert getattr(stage, name) == value, name
+        sub, _, key = name.rpartition(".")
+        assert getattr(getattr(stage, sub) if sub else stage, key) == value, name
     # back to the defaults: nothing is recorded
     for name in expected:
         form.widgets[name].value = declared[name][1]
@@ -142,10 +148,10 @@ def test_new_defaults_move_only_untouched_fields(qtbot):
 def test_out_of_range_values_cannot_be_entered(qtbot, cls, prefix):
     from magicgui.widgets import FloatSpinBox, SpinBox
 
-    from ctuq.app._settings_form import SettingsForm
+    from ctuq.app._settings_form import SettingsForm, form_specs
 
     form = SettingsForm(cls, prefix=prefix)
-    declared = specs(cls)
+    declared = form_specs(cls)
     ranged = {n: _inner(w) for n, w in form.widgets.items()
               if isinstance(_inner(w), (SpinBox, FloatSpinBox))}
     assert ranged

@@ -16,7 +16,12 @@ magicgui widgets, one per field:
 * optional (None allowed): :class:`AutoOr`, an "auto" tick box beside the
   widget above; ticked means None.
 
-Tables and lists (``dict``, ``list`` settings) are left to TOML files.
+Tables and lists (``dict``, ``list`` settings) are left to TOML files. A class
+with sub-tables says which of their fields a form may show by a ``form_specs()``
+class method (:func:`form_specs`; ``UncertaintyConfig``: the Laplace settings by
+name, the other methods' as ``ivon.lr``, the methods registered at the time as
+the choices of ``method``); :meth:`SettingsForm.changed` returns a sub-table's
+fields as a table of their own (``{"ivon": {"lr": ...}}``).
 
 The tooltip is the field's key (``dip.iterations``), help text, range and
 unit. A number out of range cannot be entered (the spin boxes clamp, and
@@ -43,7 +48,7 @@ from qtpy.QtWidgets import QFormLayout, QLabel, QWidget
 
 from ctuq.fields import Spec, specs
 
-__all__ = ["AutoOr", "SettingsForm", "form_fields", "setting_widget"]
+__all__ = ["AutoOr", "SettingsForm", "form_fields", "form_specs", "setting_widget"]
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +60,29 @@ _INT_LIMIT = 2**63 - 1
 _FLOAT_LIMIT = 1e300
 
 
+def form_specs(cls) -> dict[str, tuple[Spec, Any]]:
+    """``name -> (spec, default)`` of the settings a form of ``cls`` may show.
+
+    :func:`ctuq.fields.specs`, or the class's own ``form_specs()`` where it
+    has one: a settings class with sub-tables (``UncertaintyConfig``: each
+    method's settings, named ``table.name``) or choices known only at run
+    time (the registered uncertainty methods).
+    """
+    own = getattr(cls, "form_specs", None)
+    return own() if callable(own) else specs(cls)
+
+
 def form_fields(cls) -> list[str]:
     """Names of the declared settings of ``cls`` a form can show, in declaration order."""
-    return [name for name, (spec, _) in specs(cls).items() if spec.kind in FORM_KINDS]
+    return [name for name, (spec, _) in form_specs(cls).items() if spec.kind in FORM_KINDS]
 
 
 def label_of(name: str) -> str:
     """A row label from a field name: ``n_samples`` -> ``N samples``."""
+    table, _, name = name.rpartition(".")
     text = name.replace("_", " ")
-    return text[:1].upper() + text[1:]
+    text = text[:1].upper() + text[1:]
+    return f"{text} ({table.replace('_', ' ')})" if table else text
 
 
 class AutoOr(ValuedContainerWidget):
@@ -264,7 +283,7 @@ class SettingsForm:
                  labels: dict | None = None, choices: dict | None = None,
                  defaults: dict | None = None, decimals: dict | None = None,
                  allow_auto: bool = True, layout: QFormLayout | None = None):
-        declared = specs(cls)
+        declared = form_specs(cls)
         names = form_fields(cls) if names is None else list(names)
         unknown = [n for n in names if n not in declared]
         if unknown:
@@ -315,9 +334,18 @@ class SettingsForm:
         return dict(self._defaults)
 
     def changed(self) -> dict[str, Any]:
-        """The fields whose value differs from the defaults: the overrides to record."""
-        return {name: value for name, value in self.values().items()
-                if value != self._defaults[name]}
+        """The fields whose value differs from the defaults: the overrides to record
+        (a sub-table's field ``table.name`` as ``{table: {name: value}}``)."""
+        out: dict[str, Any] = {}
+        for name, value in self.values().items():
+            if value == self._defaults[name]:
+                continue
+            table, _, key = name.rpartition(".")
+            if table:
+                out.setdefault(table, {})[key] = value
+            else:
+                out[name] = value
+        return out
 
     def set_defaults(self, defaults: dict[str, Any]) -> None:
         """New defaults (another preset); fields still at their old default follow them."""

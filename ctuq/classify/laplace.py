@@ -36,6 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from ctuq.errors import InputError
+from ctuq.posterior.priors import PRIORS as PRIOR_REGISTRY
+from ctuq.posterior.priors import prior_kind
 from ctuq.posterior import (BlockPrior, CategoricalLikelihood, ClassifierLinearization,
                             EMOptions, FittedPosterior, GaussianPrior, GPrior, PosteriorSample,
                             STOOptions, STOSampler, fit_hyperparameters, select_parameters)
@@ -43,8 +45,9 @@ from ctuq.posterior import (BlockPrior, CategoricalLikelihood, ClassifierLineari
 __all__ = ["PRIORS", "CLASSIFIER_STO", "last_layer_filter", "gprior_for", "build_prior",
            "sample_sto", "fit_prior", "linear_mode", "linear_logits"]
 
-#: Priors of :func:`build_prior`.
-PRIORS = ("ard", "gprior")
+#: Priors of :func:`build_prior` (:data:`ctuq.posterior.priors.PRIORS` offered for
+#: classifiers).
+PRIORS = tuple(name for name, kind in PRIOR_REGISTRY.items() if kind.classifier)
 
 #: The classifiers' sample-then-optimise settings: at most 300 steps, a rank-100
 #: Nyström preconditioner reused while no log prior variance moved by more than 0.05
@@ -115,11 +118,14 @@ def build_prior(clin: ClassifierLinearization, x: Tensor, kind: str = "ard",
     **kw
         Passed to :func:`gprior_for`.
     """
-    if kind == "ard":
-        return BlockPrior(clin, kind="iso", variance=variance)
-    if kind == "gprior":
-        return gprior_for(clin, x, probs, g=variance, **kw)
-    raise InputError(f"must be one of {', '.join(PRIORS)}, got {kind!r}", field="prior")
+    if kind not in PRIORS:
+        raise InputError(f"must be one of {', '.join(PRIORS)}, got {kind!r}", field="prior")
+    spec = prior_kind(kind)
+    if not spec.uses_likelihood:  # the block layout is all it needs
+        return spec.build(clin, variance)
+    if kw.get("exact") is None:
+        kw["exact"] = clin.num_params <= 20_000
+    return spec.build(CategoricalLikelihood(clin, x, probs), variance, **kw)
 
 
 def sample_sto(clin: ClassifierLinearization, x: Tensor, prior: GaussianPrior, k: int, *,

@@ -150,9 +150,7 @@ def _free_mask(prior: GaussianPrior, learn_noise: bool, lengthscales: bool) -> T
     nb = prior.num_blocks
     parts = [torch.ones(nb, dtype=torch.bool)]
     if isinstance(prior, BlockPrior):
-        mat = torch.tensor(prior.matern_blocks) if prior.kind == "matern" else \
-            torch.zeros(nb, dtype=torch.bool)
-        parts.append(mat & lengthscales)
+        parts.append(torch.tensor(prior.lengthscale_blocks, dtype=torch.bool) & lengthscales)
     parts.append(torch.tensor([bool(learn_noise)]))
     return torch.cat(parts)
 
@@ -263,8 +261,8 @@ class FittedPosterior:
         client's :attr:`reported` entries, ``em_steps``, ``converged``.
         """
         a, l = prior_lists(self.prior)
-        matern = (list(self.prior.matern_blocks) if isinstance(self.prior, BlockPrior)
-                  and self.prior.kind == "matern" else [False] * len(a))
+        matern = list(self.prior.lengthscale_blocks)
+        matern = matern if len(matern) == len(a) else [False] * len(a)
         st = self.stats
         return {
             "prior": getattr(self.prior, "name", type(self.prior).__name__),
@@ -409,8 +407,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
         raise InputError("this likelihood has no noise variance to learn", field="learn_noise")
     gen = generator if generator is not None else torch.Generator().manual_seed(opts.seed)
     d_y = likelihood.d_obs
-    learn_l = opts.learn_lengthscales and isinstance(prior, BlockPrior) \
-        and prior.kind == "matern" and any(prior.matern_blocks)
+    learn_l = opts.learn_lengthscales and prior.learns_lengthscale
     adam_params = hyperprior.parameters() if hyperprior is not None else (
         [prior.log_l] if learn_l else [])
 

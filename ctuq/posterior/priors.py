@@ -58,7 +58,7 @@ from ctuq.errors import InputError
 from ctuq.posterior.linearize import Linearization, ParamBlock
 
 __all__ = ["GaussianPrior", "BlockPrior", "GPrior", "matern_half_kernel", "kernel_positions",
-           "build_prior", "PRIOR_KINDS"]
+           "build_prior", "PRIOR_KINDS", "PRIORS", "PriorKind", "prior_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,17 @@ class GaussianPrior(nn.Module):
     @property
     def num_blocks(self) -> int:
         return len(self.block_names)
+
+    @property
+    def lengthscale_blocks(self) -> list[bool]:
+        """Per block: whether its covariance has a lengthscale ``ℓ_b`` (in ``log_l``)
+        that matters. Default: none."""
+        return [False] * self.num_blocks
+
+    @property
+    def learns_lengthscale(self) -> bool:
+        """Some block has a lengthscale to learn (:attr:`lengthscale_blocks`)."""
+        return any(self.lengthscale_blocks)
 
     def _index(self, b) -> int:
         if isinstance(b, str):
@@ -409,6 +420,11 @@ class BlockPrior(GaussianPrior):
         """Per block: whether its ``C_b`` depends on ``ℓ_b``."""
         return [any(p.p > 1 for p in pieces) for pieces in self._pieces]
 
+    @property
+    def lengthscale_blocks(self) -> list[bool]:
+        """The Matérn blocks (``kind='matern'``); none for ``'iso'``."""
+        return self.matern_blocks if self.kind == "matern" else [False] * self.num_blocks
+
     @torch.no_grad()
     def set_hyperparameters(self, variances=None, lengthscales=None) -> None:
         """Overwrite ``a_b`` and/or ``ℓ_b`` (e.g. after a closed-form M-step).
@@ -543,32 +559,6 @@ class GPrior(GaussianPrior):
 
 #: The priors of :func:`build_prior`: Matérn-½ per-block filter covariance, isotropic
 #: per-block ARD, the g-prior.
-PRIOR_KINDS = ("matern", "ard", "gprior")
-
-
-def build_prior(likelihood, kind: str, variance: float = 1.0, lengthscale: float = 0.1, *,
-                generator: torch.Generator | None = None, **gprior_options) -> GaussianPrior:
-    """A prior of kind ``kind`` over the likelihood's linearised parameters, on its device.
-
-    Parameters
-    ----------
-    likelihood : Likelihood
-        Its linearisation gives the blocks; the g-prior's scales come from its ``Φ``.
-    kind : {'matern', 'ard', 'gprior'}
-        :class:`BlockPrior` ``kind='matern'`` or ``kind='iso'``, or :class:`GPrior`.
-    variance : float, optional
-        Initial ``a_b`` (every block) or ``g``. Default 1 (reference).
-    lengthscale : float, optional
-        Initial Matérn ``ℓ_b``. Default 0.1 (reference).
-    generator : torch.Generator, optional
-        The g-prior's probes.
-    **gprior_options
-        Passed to :meth:`GPrior.from_likelihood` (``exact``, ``n_probes``, ``floor``).
-    """
-    if kind == "gprior":
-        return GPrior.from_likelihood(likelihood, g=variance, generator=generator,
-                                      **gprior_options)
-    if kind in ("matern", "ard"):
-        return BlockPrior(likelihood.lin, kind="matern" if kind == "matern" else "iso",
-                          variance=variance, lengthscale=lengthscale)
-    raise InputError(f"must be one of {', '.join(PRIOR_KINDS)}, got {kind!r}", field="prior")
+# the registry of prior kinds (names, builders, properties) lives beside this module
+from ctuq.posterior.prior_kinds import (PRIOR_KINDS, PRIORS, PriorKind,  # noqa: E402
+                                        build_prior, prior_kind)

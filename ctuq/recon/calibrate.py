@@ -1,7 +1,7 @@
 """Model-error coefficients calibrated on simulated scans (``ctuq calibrate``).
 
-The ``'calibrated'`` and ``'conformal'`` model-error methods
-(:mod:`ctuq.recon.model_error`) need coefficients fitted where the truth is
+The calibrated and the split-conformal model-error terms
+(:mod:`ctuq.recon.model_error.terms`) need coefficients fitted where the truth is
 known. :func:`calibrate` simulates scans of a family of objects the user
 picks (ctuq's phantom families, from the *tuning* split of
 :mod:`ctuq.data.splits`, never the images that validation or testing use),
@@ -9,9 +9,9 @@ reconstructs each with the pipeline's own settings and no model error, and
 fits
 
 - ``t0``, ``s1`` by the pixel likelihood of the truths
-  (:func:`~ctuq.recon.model_error.fit_to_truth`), for ``'calibrated'``;
+  (:func:`~ctuq.recon.model_error.fit_to_truth`), for the calibrated term;
 - the split-conformal multiplier of the posterior std
-  (:func:`~ctuq.recon.model_error.conformal_scale`), for ``'conformal'``.
+  (:func:`~ctuq.recon.model_error.conformal_scale`), for the conformal term.
 
 The result is a small JSON file that ``uncertainty.model_error_file`` names.
 It describes the scans it was fitted on (size, angles, noise levels,
@@ -99,7 +99,7 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
     Returns
     -------
     ModelErrorCoefficients
-        ``method='calibrated'``, with ``t0``, ``s1``, ``conformal`` and in
+        The calibrated term's, with ``t0``, ``s1``, the conformal multiplier and in
         ``info`` what it was fitted on and the fit's log-likelihood.
     """
     config = config or ReconstructionConfig()

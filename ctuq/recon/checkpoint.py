@@ -36,11 +36,14 @@ log = logging.getLogger(__name__)
 
 __all__ = ["StageCheckpoints", "STAGES", "checkpoint_folder", "stage_key"]
 
-#: The stages saved, in pipeline order.
+#: The stages the pipeline saves, in order (``dip``; the Laplace method's ``em``
+#: and ``predictive``). A method may save others: any lower-case name.
 STAGES = ("dip", "em", "predictive")
+_STAGE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 #: The names :class:`StageCheckpoints` writes (and only these are removed).
-_FILE_NAME = re.compile(r"slice\d+-(?:%s)\.pt(?:\.tmp)?" % "|".join(STAGES))
+_FILE_NAME = re.compile(r"slice\d+-[a-z][a-z0-9_]*\.pt(?:\.tmp)?")
+_SAVED_NAME = re.compile(r"slice\d+-[a-z][a-z0-9_]*\.pt")
 
 #: Settings that do not change the numbers (a run may resume with others).
 _NOT_IN_KEY = ("threads",)
@@ -71,8 +74,8 @@ class StageCheckpoints:
         self.folder = Path(folder)
 
     def _path(self, index: int, stage: str) -> Path:
-        if stage not in STAGES:
-            raise ValueError(f"unknown stage {stage!r}")
+        if not (isinstance(stage, str) and _STAGE_NAME.fullmatch(stage)):
+            raise ValueError(f"not a stage name: {stage!r}")
         return self.folder / f"slice{int(index)}-{stage}.pt"
 
     def load(self, index: int, stage: str, key: str, map_location=None):
@@ -107,6 +110,14 @@ class StageCheckpoints:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
             log.warning("could not save the %s checkpoint to %s (%s)", stage, path, err)
+
+    def has_stages(self) -> bool:
+        """Whether the folder holds a finished stage (something a rerun can resume)."""
+        try:
+            return self.folder.is_dir() and any(
+                _SAVED_NAME.fullmatch(p.name) for p in self.folder.iterdir() if p.is_file())
+        except OSError:
+            return False
 
     def clear(self) -> None:
         """Remove the files this class writes, then the folder if it is empty.

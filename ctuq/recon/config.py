@@ -18,11 +18,21 @@ TOML layout (every key optional)::
     iterations = 2000
     tv_weight = 0.5
 
-    [uncertainty]            # any UncertaintyConfig field
-    method = "laplace"       # or "ivon" (variational, ctuq.recon.ivon_dip)
-    n_samples = 16
+    [uncertainty]            # UncertaintyConfig: method, predictive, model error
+    method = "laplace"       # or "ivon", "mc-dropout" (ctuq.recon.methods)
+    predictive_samples = 64
+    model_error = "none"
+
+    [uncertainty.laplace]    # the method's own settings (LaplaceSettings)
+    n_samples = 16           # (older files: these keys directly in [uncertainty])
     em_steps = 5
     predcp = true
+
+    [uncertainty.ivon]       # IVONDIPSettings (ctuq.recon.methods.ivon)
+    iterations = 300
+
+    [uncertainty.mc_dropout] # MCDropoutSettings (ctuq.recon.methods.mc_dropout)
+    dropout = 0.05
 
     [geometry]               # any GeometryOptions field (ctuq.data.io.options)
     image_size = 128
@@ -38,15 +48,18 @@ and, for a file, the file.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ctuq.data.io.options import GeometryOptions, ReadOptions
 from ctuq.errors import InputError
-from ctuq.fields import build, setting, validate
+from ctuq.fields import build, setting, specs, validate
 from ctuq.models.unet import PRESETS, preset_name_for_size
 from ctuq.recon.dip import DIPConfig, check_device
+from ctuq.recon.methods.laplace import LaplaceMethod, LaplaceSettings
+from ctuq.recon.model_error.terms import MODEL_ERROR_TERMS, HeldoutTerm
 from ctuq.recon.presets import UNCERTAINTY_DEFAULTS
 
 try:  # Python 3.11+
@@ -61,100 +74,78 @@ TABLES = ("dip", "uncertainty", "geometry", "read")
 #: Settings that change where and how fast a reconstruction runs, not its meaning.
 RUNTIME_ONLY = ("device", "threads")
 RUNTIME_ONLY_READ = ("isolate", "read_timeout", "max_memory_gib")
-#: UncertaintyConfig fields that only the linearised Laplace method reads
-#: (ignored with ``method = 'ivon'``).
-LAPLACE_ONLY = ("prior", "sampler", "n_samples", "em_steps", "em_tol", "update", "learn_noise",
-                "predcp", "predcp_scale", "predcp_samples", "cg_tol", "cg_max_iter",
-                "preconditioner_rank", "sto_batch_size", "sto_iterations")
+#: The Laplace settings (:class:`~ctuq.recon.methods.laplace.LaplaceSettings`), also
+#: read directly in ``[uncertainty]`` (files written before the method sub-tables).
+LAPLACE_ONLY = tuple(f.name for f in dataclasses.fields(LaplaceSettings))
+#: Their sub-table, and the method of a run that names none.
+FLAT_TABLE = DEFAULT_METHOD = LaplaceMethod.name
+
+
+#: The model-error term of a default run (chosen on the validation split, docs/defaults.md).
+DEFAULT_TERM = HeldoutTerm.name
 
 
 def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-@dataclass(frozen=True)
-class UncertaintyConfig:
-    """Settings of the uncertainty method, its hyperparameters and the predictive.
+def _known_method(name: str) -> str:
+    from ctuq.recon.methods import METHODS
 
-    ``method`` picks how the per-pixel std is computed after the DIP+TV fit:
-    the linearised Laplace posterior with sample-based evidence (``'laplace'``,
-    every field below applies), or IVON (``'ivon'``): the Adam fit continued
-    by variational learning, the std from samples of its weight posterior
-    (:mod:`ctuq.recon.ivon_dip`, settings chosen on validation data,
-    ``docs/ivon.md``). With ``'ivon'`` only ``predictive_samples`` (weight
-    samples for the std map, at least 2), ``stored_samples`` and the
-    model-error fields apply; the Laplace-only fields (:data:`LAPLACE_ONLY`:
-    prior, sampler, EM, PredCP, CG and sample-then-optimise settings) are
-    ignored, and the result's effective config lists them as unused.
+    if name not in METHODS:
+        raise ValueError(f"must be one of {', '.join(METHODS)}, got {name!r}")
+    return name
+
+
+def _method_tables() -> dict[str, type]:
+    """``table -> method class`` of the registered methods."""
+    from ctuq.recon.methods import METHODS
+
+    return {cls.table_name(): cls for cls in METHODS.values()}
+
+
+@dataclass(frozen=True, init=False)
+class UncertaintyConfig:
+    """Settings of the uncertainty method, the predictive and the model error.
+
+    ``method`` picks how the per-pixel std is computed after the DIP+TV fit
+    (:data:`ctuq.recon.methods.METHODS`): the linearised Laplace posterior
+    with sample-based evidence (``'laplace'``, :mod:`ctuq.recon.methods.laplace`),
+    IVON (``'ivon'``: the Adam fit continued by variational learning,
+    :mod:`ctuq.recon.methods.ivon`) or MC dropout (``'mc-dropout'``,
+    :mod:`ctuq.recon.methods.mc_dropout`). Each method's own settings are a
+    sub-table named after it (``[uncertainty.laplace]``, ``[uncertainty.ivon]``,
+    ``[uncertainty.mc_dropout]``) and are attributes of the same name here
+    (``unc.laplace.n_samples``); :meth:`method_settings` are the chosen
+    one's. For files written before the sub-tables, the Laplace settings
+    (:data:`LAPLACE_ONLY`) are read directly in ``[uncertainty]`` too, and
+    read back as attributes (``unc.n_samples``).
 
     Parameters
     ----------
-    method : {'laplace', 'ivon'}
+    method : str
         The uncertainty method. Default ``'laplace'``.
-    prior : {'matern', 'ard', 'gprior'}
-        Block prior: Matérn-½ filter covariance per 3×3 block (reference),
-        isotropic per-block ARD, or the g-prior. Default ``'gprior'`` (better
-        calibrated in every measurement, see ``docs/evidence.md``).
-    sampler : {'cg', 'sto'}
-        Matheron samples with preconditioned CG in observation space, or
-        sample-then-optimise in parameter space. Default ``'cg'``.
-    n_samples : int
-        Posterior samples per EM step (k). Default 16.
-    em_steps : int
-        Maximum EM steps. Default 6.
-    em_tol : float
-        Stop when every log-hyperparameter moves less than this. Default 0.02.
-    update : {'mackay', 'em'}
-        M-step of the per-block variances. Default ``'mackay'``.
-    learn_noise : bool
-        Update σ² in the M-step; when False σ² stays at the known noise
-        variance. Default False when the noise level is known, else True
-        (``None``: decide by that rule).
-    predcp : bool
-        TV-PredCP hyperprior (the EM then maximises evidence + its
-        log-density, a MAP-II). Default False: chosen on the validation
-        split, where it narrowed the posterior, lowered the log-likelihood and
-        doubled the posterior time without changing the coverage once the
-        model error is added (docs/defaults.md).
-    predcp_scale : float
-        Hyperprior weight ``predcp_scale · d_y · γ_ref`` (reference: 1 at 28²). Default 1.
-    predcp_samples : int
-        Samples of the reparameterised κ estimator. Default 32.
     predictive_samples : int
-        Image-space samples for the std map (``'ivon'``: weight samples).
-        Default 128.
+        Image-space samples for the std map (IVON: weight samples, MC
+        dropout: stochastic passes; both need at least 2). Default 128.
     stored_samples : int
         Posterior image samples kept in the result file. Default 8.
-    cg_tol : float
-        Relative residual of the CG solves. Default 1e-3.
-    cg_max_iter : int
-        CG iteration cap. Default 200.
-    preconditioner_rank : int
-        Rank of the Nyström preconditioner. Default 100 (the presets for
-        64² and larger raise it, see :mod:`ctuq.recon.presets`).
-    sto_batch_size : int or None
-        ``sampler = 'sto'``: projection angles per sample-then-optimise step
-        (mini-batched; the data term is rescaled so the gradient is
-        unbiased, and every step of ``sto_iterations`` runs). Default None:
-        all angles (full batch, stopping early at its tolerance).
-    sto_iterations : int
-        ``sampler = 'sto'``: most steps per solve. Default 1000.
-    model_error : {'heldout', 'calibrated', 'conformal', 'none'}
-        The fit's own error beside the posterior (:mod:`ctuq.recon.model_error`):
-        per scan from held-out projections, from coefficients calibrated on
-        simulated scans (``model_error_file``, or the preset's shipped file),
-        a conformal scaling of the posterior std from the same file, or none.
-        Default ``'heldout'`` (chosen on the validation split,
-        docs/defaults.md).
+    model_error : str
+        The fit's own error beside the posterior: a term of
+        :data:`ctuq.recon.model_error.terms.MODEL_ERROR_TERMS` (per scan from
+        held-out projections, from coefficients calibrated on simulated
+        scans, a conformal scaling of the posterior std, or none; that
+        module describes each). Default: the held-out term (chosen on the
+        validation split, docs/defaults.md).
     heldout_every : int
-        ``'heldout'``: leave out every n-th angle in the second fit. Default 6.
+        Held-out term: leave out every n-th angle in the second fit. Default 6.
     heldout_min_out : int
-        ``'heldout'``: leave out at least this many angles; a scan with few
+        Held-out term: leave out at least this many angles; a scan with few
         angles has every n-th lowered (not below every 3rd) until it does.
         Default 7 (every 4th at 30 angles; chosen on the validation split,
         docs/defaults.md). 0: ``heldout_every`` as given.
     heldout_prior_width : float
-        ``'heldout'``: the coefficients are the maximum a posteriori under a
+        Held-out term: the coefficients are the maximum a posteriori under a
         log-normal prior of this width (natural-log std) centred on the
         calibration (``model_error_file``, or the preset's shipped file; none
         shipped: maximum likelihood). The prior carries the fit where the
@@ -162,75 +153,222 @@ class UncertaintyConfig:
         noise). 0 turns it off. Default 0.1 (chosen on the validation split,
         docs/defaults.md).
     model_error_file : str or None
-        ``'calibrated'``/``'conformal'``: a file written by ``ctuq calibrate``.
-        Default None: the preset's shipped file (``'laplace'`` only: the
-        shipped files were fitted with the linearised posterior's std; with
-        ``'ivon'`` name a file that ``ctuq calibrate`` wrote with
-        ``method = 'ivon'``).
+        The calibration of the terms that need one: a file written by
+        ``ctuq calibrate``. Default None: the preset's shipped file (only
+        for a method whose std the shipped files were fitted with, the
+        linearised Laplace one; with another method name a file that
+        ``ctuq calibrate`` wrote with that method).
+    **tables
+        A sub-table per method (``laplace={...}``, ``ivon={...}``,
+        ``mc_dropout={...}``: dicts or settings objects) and, for files
+        written before them, the Laplace settings by name (``n_samples=8``).
     """
 
-    method: str = setting("laplace", kind=str, choices=("laplace", "ivon"),
-                          doc="Uncertainty method: laplace (linearised) or ivon (variational).")
-    prior: str = setting("gprior", kind=str, choices=("matern", "ard", "gprior"),
-                         doc="Block prior: matern, ard or gprior.")
-    sampler: str = setting("cg", kind=str, choices=("cg", "sto"),
-                           doc="Posterior sampler: cg (Matheron) or sto.")
-    n_samples: int = setting(16, kind=int, minimum=1, maximum=10_000,
-                             doc="Posterior samples per EM step.")
-    em_steps: int = setting(6, kind=int, minimum=1, maximum=1000, doc="Maximum EM steps.")
-    em_tol: float = setting(0.02, kind=float, minimum=0, maximum=1e6,
-                            doc="Stop when every log-hyperparameter moves less.")
-    update: str = setting("mackay", kind=str, choices=("mackay", "em"),
-                          doc="M-step of the per-block variances.")
-    learn_noise: bool | None = setting(None, kind=bool,
-                                       doc="Update the noise variance (default: when unknown).")
-    predcp: bool = setting(False, kind=bool, doc="TV-PredCP hyperprior (MAP-II).")
-    predcp_scale: float = setting(1.0, kind=float, minimum=0, maximum=1e6,
-                                  doc="Weight of the TV-PredCP hyperprior.")
-    predcp_samples: int = setting(32, kind=int, minimum=1, maximum=10_000,
-                                  doc="Samples of the PredCP estimator.")
+    method: str = setting(DEFAULT_METHOD, kind=str, check=_known_method,
+                          doc="Uncertainty method (ctuq.recon.methods): laplace, ivon, "
+                              "mc-dropout.")
     predictive_samples: int = setting(128, kind=int, minimum=1, maximum=100_000,
                                       doc="Image samples for the std map.")
     stored_samples: int = setting(8, kind=int, minimum=0, maximum=100_000,
                                   doc="Posterior samples kept in the result file.")
-    cg_tol: float = setting(1e-3, kind=float, minimum=0, maximum=1.0,
-                            doc="Relative residual of the CG solves.")
-    cg_max_iter: int = setting(200, kind=int, minimum=1, maximum=100_000,
-                               doc="CG iteration cap.")
-    preconditioner_rank: int = setting(100, kind=int, minimum=1, maximum=100_000,
-                                       doc="Rank of the Nystrom preconditioner.")
-    sto_batch_size: int | None = setting(None, kind=int, minimum=1, maximum=10**7,
-                                         doc="sto: projection angles per step (default: all).")
-    sto_iterations: int = setting(1000, kind=int, minimum=1, maximum=10**7,
-                                  doc="sto: most steps per solve.")
-    model_error: str = setting("heldout", kind=str,
-                               choices=("heldout", "calibrated", "conformal", "none"),
-                               doc="The fit's own error: heldout, calibrated, conformal, none.")
+    model_error: str = setting(DEFAULT_TERM, kind=str, choices=tuple(MODEL_ERROR_TERMS),
+                               doc="The fit's own error: " + ", ".join(MODEL_ERROR_TERMS) + ".")
     heldout_every: int = setting(6, kind=int, minimum=2, maximum=10_000,
-                                 doc="heldout: leave out every n-th angle.")
+                                 doc="Held-out term: leave out every n-th angle.")
     heldout_min_out: int = setting(7, kind=int, minimum=0, maximum=10_000,
-                                   doc="heldout: leave out at least this many angles "
+                                   doc="Held-out term: leave out at least this many angles "
                                        "(every n-th lowered, not below 3).")
     heldout_prior_width: float = setting(0.1, kind=float, minimum=0, maximum=100.0,
-                                         doc="heldout: width (log units) of the calibrated "
-                                             "prior on the coefficients; 0: none.")
+                                         doc="Held-out term: width (log units) of the "
+                                             "calibrated prior on the coefficients; 0: none.")
     model_error_file: str | None = setting(None, kind=str,
-                                           doc="calibrated/conformal: a ctuq calibrate file.")
+                                           doc="A ctuq calibrate file (terms that need one).")
+    #: ``table -> settings object`` of every registered method.
+    tables: dict = field(default_factory=dict, compare=True)
 
-    def __post_init__(self):
+    def __init__(self, method: str = DEFAULT_METHOD, predictive_samples: int = 128,
+                 stored_samples: int = 8, model_error: str = DEFAULT_TERM,
+                 heldout_every: int = 6, heldout_min_out: int = 7,
+                 heldout_prior_width: float = 0.1, model_error_file: str | None = None,
+                 tables: dict | None = None, **given):
+        for name, value in (("method", method), ("predictive_samples", predictive_samples),
+                            ("stored_samples", stored_samples), ("model_error", model_error),
+                            ("heldout_every", heldout_every), ("heldout_min_out", heldout_min_out),
+                            ("heldout_prior_width", heldout_prior_width),
+                            ("model_error_file", model_error_file)):
+            object.__setattr__(self, name, value)
         validate(self, prefix="uncertainty")
-        if self.method == "ivon":
-            if self.predictive_samples < 2:
-                raise InputError("method 'ivon' needs at least 2 weight samples for a std, got "
-                                 f"{self.predictive_samples}",
-                                 field="uncertainty.predictive_samples")
-            if self.model_error in ("calibrated", "conformal") and self.model_error_file is None:
-                raise InputError(
-                    f"model_error {self.model_error!r} with method 'ivon' needs a "
-                    "model_error_file calibrated for IVON (ctuq calibrate --config with "
-                    "method = 'ivon'): the shipped files were fitted with the linearised "
-                    "posterior's std; or use model_error 'heldout' or 'none'",
-                    field="uncertainty.model_error_file")
+        object.__setattr__(self, "tables", _build_tables(tables or {}, given))
+        self._check()
+
+    def _check(self):
+        cls = self.method_class
+        if self.predictive_samples < cls.min_predictive_samples:
+            raise InputError(f"method {self.method!r} needs at least "
+                             f"{cls.min_predictive_samples} samples for a std, got "
+                             f"{self.predictive_samples}", field="uncertainty.predictive_samples")
+        if MODEL_ERROR_TERMS[self.model_error].needs_calibration \
+                and not cls.shipped_calibration and self.model_error_file is None:
+            raise InputError(
+                f"model_error {self.model_error!r} with method {self.method!r} needs a "
+                "model_error_file calibrated for it (ctuq calibrate --config with that "
+                "method): the shipped files were fitted with the linearised posterior's std; "
+                f"or use model_error {DEFAULT_TERM!r} or 'none'",
+                field="uncertainty.model_error_file")
+
+    def __getattr__(self, name: str):
+        # only called for names that are not fields: a method's table, or (files
+        # written before the tables) a Laplace setting by name
+        if name.startswith("__") or name == "tables":
+            raise AttributeError(name)
+        tables = self.__dict__.get("tables", {})
+        if name in tables:
+            return tables[name]
+        if name in LAPLACE_ONLY and FLAT_TABLE in tables:
+            return getattr(tables[FLAT_TABLE], name)
+        raise AttributeError(f"UncertaintyConfig has no setting {name!r}")
+
+    @property
+    def method_class(self) -> type:
+        """The chosen method's class (:data:`ctuq.recon.methods.METHODS`)."""
+        from ctuq.recon.methods import method_class
+
+        return method_class(self.method)
+
+    @property
+    def method_settings(self):
+        """The chosen method's settings object."""
+        return self.tables[self.method_class.table_name()]
+
+    def make_method(self):
+        """The chosen method, with its settings (:func:`ctuq.recon.methods.make_method`)."""
+        return self.method_class(self.method_settings)
+
+    def common(self) -> dict[str, Any]:
+        """The settings of every method (not in a sub-table), as a plain dict."""
+        return {name: _plain(getattr(self, name)) for name in specs(type(self))}
+
+    def effective(self) -> dict[str, Any]:
+        """What a result records: :meth:`common` and the chosen method's sub-table."""
+        return {**self.common(),
+                self.method_class.table_name(): _plain_settings(self.method_settings)}
+
+    @staticmethod
+    def canonical(d: dict[str, Any]) -> dict[str, Any]:
+        """``d`` (a ``[uncertainty]`` table) with flat Laplace keys moved into ``laplace``.
+
+        Raises
+        ------
+        InputError
+            A key given both directly and in the sub-table.
+        """
+        out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()
+               if k not in LAPLACE_ONLY}
+        flat = {k: v for k, v in d.items() if k in LAPLACE_ONLY}
+        if flat:
+            table = dict(out.get(FLAT_TABLE) or {})
+            twice = sorted(set(flat) & set(table))
+            if twice:
+                raise InputError("given both in [uncertainty] and in [uncertainty.laplace]",
+                                 field=f"uncertainty.{twice[0]}")
+            out[FLAT_TABLE] = {**table, **flat}
+        return out
+
+    @classmethod
+    def merge(cls, base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+        """``overrides`` on top of ``base`` (two ``[uncertainty]`` tables), sub-table by
+        sub-table; two flat tables stay flat."""
+        if not (_nested(base) or _nested(overrides)):
+            return {**base, **overrides}
+        out = cls.canonical(base)
+        for key, value in cls.canonical(overrides).items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], prefix: str = "uncertainty") -> "UncertaintyConfig":
+        """From a ``[uncertainty]`` table; unknown keys and bad values name the key."""
+        if not isinstance(d, dict):
+            raise InputError(f"must be a table of settings, got {d!r}", field=prefix)
+        try:
+            return cls(**d)
+        except TypeError as err:  # a repeated key reached __init__
+            raise InputError(str(err), field=prefix) from None
+
+    def plain(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The keys of ``given`` with this config's checked, plain (JSON-able) values."""
+        out = {}
+        for key, value in given.items():
+            if key in self.tables and isinstance(value, dict):
+                out[key] = {k: _plain(getattr(self.tables[key], k)) for k in value}
+            elif key in self.tables:
+                out[key] = _plain_settings(self.tables[key])
+            else:
+                out[key] = _plain(getattr(self, key))
+        return out
+
+    @classmethod
+    def form_specs(cls) -> dict[str, tuple]:
+        """``name -> (Spec, default)`` for settings forms: the common settings (the
+        method's choices from the registry), the Laplace settings by name and
+        the other methods' as ``table.name``."""
+        from ctuq.recon.methods import METHODS
+
+        out = {}
+        for name, (spec, default) in specs(cls).items():
+            if name == "method":
+                spec = dataclasses.replace(spec, choices=tuple(METHODS), check=None)
+            out[name] = (spec, default)
+        for table, mcls in _method_tables().items():
+            for name, entry in specs(mcls.settings_class).items():
+                out[name if table == FLAT_TABLE else f"{table}.{name}"] = entry
+        return out
+
+
+def _nested(d: dict) -> bool:
+    return any(isinstance(v, dict) for v in d.values())
+
+
+def _plain_settings(settings) -> dict[str, Any]:
+    return {f.name: _plain(getattr(settings, f.name)) for f in dataclasses.fields(settings)}
+
+
+def _build_tables(tables: dict, given: dict) -> dict:
+    """The settings object of every registered method from ``tables`` (objects or
+    dicts, e.g. from :func:`dataclasses.replace`) and the keyword arguments."""
+    known = _method_tables()
+    flat = {k: v for k, v in given.items() if k in LAPLACE_ONLY}
+    unknown = sorted(set(given) - set(flat) - set(known))
+    if unknown:
+        names = sorted({*specs(UncertaintyConfig), *known, *LAPLACE_ONLY})
+        raise InputError(f"unknown setting; known: {', '.join(names)}",
+                         field=f"uncertainty.{unknown[0]}")
+    out = {}
+    for table, mcls in known.items():
+        base = tables.get(table)
+        over = given.get(table)
+        if table == FLAT_TABLE and flat:
+            over = UncertaintyConfig.canonical({**flat, table: dict(over or {})})[table]
+        if over is not None and not isinstance(over, (dict, mcls.settings_class)):
+            raise InputError(f"must be a table of settings, got {over!r}",
+                             field=f"uncertainty.{table}")
+        if isinstance(over, mcls.settings_class):
+            base, over = over, None
+        values = _plain_settings(base) if isinstance(base, mcls.settings_class) else dict(
+            base or {})
+        values.update(over or {})
+        try:
+            out[table] = build(mcls.settings_class, values, prefix=f"uncertainty.{table}")
+        except InputError as err:
+            key = (err.field or "").rpartition(".")[2]
+            if key in flat:  # a setting given directly in [uncertainty]: name it so
+                raise InputError(err.message, file=err.file, field=f"uncertainty.{key}") \
+                    from None
+            raise
+    return out
 
 
 @dataclass(frozen=True)
@@ -282,6 +420,11 @@ class ReconstructionConfig:
         for name, cls in (("dip", DIPConfig), ("uncertainty", UncertaintyConfig),
                           ("geometry", GeometryOptions), ("read", ReadOptions)):
             given = getattr(self, name)
+            if cls is UncertaintyConfig:  # method sub-tables
+                # against the defaults of every preset, so that a key given twice is caught
+                checked = UncertaintyConfig.from_dict(given)
+                object.__setattr__(self, name, checked.plain(given))
+                continue
             checked = build(cls, given, prefix=name)  # check the values now
             # keep the overrides as given, in their checked plain form (JSON-able)
             object.__setattr__(self, name, {
@@ -337,7 +480,9 @@ class ReconstructionConfig:
         """A copy with ``overrides`` applied (tables are merged key by key)."""
         d = self.to_dict()
         for key, value in overrides.items():
-            if key in TABLES and isinstance(value, dict):
+            if key == "uncertainty" and isinstance(value, dict):
+                d[key] = UncertaintyConfig.merge(d[key], value)
+            elif key in TABLES and isinstance(value, dict):
                 d[key] = {**d[key], **value}
             else:
                 d[key] = value
@@ -356,6 +501,9 @@ class ReconstructionConfig:
         d = self.to_dict()
         for key in RUNTIME_ONLY:
             d.pop(key, None)
+        # one form for the Laplace settings, whether given in [uncertainty] (older
+        # files) or in [uncertainty.laplace]
+        d["uncertainty"] = UncertaintyConfig.canonical(d["uncertainty"])
         d["read"] = {k: v for k, v in d["read"].items() if k not in RUNTIME_ONLY_READ}
         return d
 
@@ -369,7 +517,9 @@ class ReconstructionConfig:
         try:
             dip = DIPConfig.preset_defaults(name, **{"seed": self.seed, "device": self.device,
                                                      **self.dip})
-            unc = UncertaintyConfig(**{**UNCERTAINTY_DEFAULTS.get(name, {}), **self.uncertainty})
+            unc = UncertaintyConfig.from_dict(UncertaintyConfig.merge(
+                UncertaintyConfig.canonical(UNCERTAINTY_DEFAULTS.get(name, {})),
+                self.uncertainty))
         except TypeError as err:  # a value of the wrong type reached a dataclass
             raise InputError(str(err), field="config") from None
         return dip, unc

@@ -1,7 +1,7 @@
 """The CT client of the posterior engine: settings, prior, TV-PredCP, one EM call (docs/method.md §6–7).
 
 :func:`uncertainty_options` is the one translation of the user's
-:class:`~ctuq.recon.config.UncertaintyConfig` into the engine's option
+:class:`~ctuq.recon.methods.laplace.LaplaceSettings` into the engine's option
 objects (:class:`~ctuq.posterior.em.EMOptions`, a sampler object, the prior
 kind, :class:`~ctuq.recon.predcp.PredCPOptions`); :func:`fit_posterior`
 takes exactly those. It builds the Gaussian likelihood of the sinogram
@@ -34,10 +34,10 @@ from typing import Callable
 import torch
 
 from ctuq.errors import InputError
-from ctuq.posterior import (PRIOR_KINDS, CGOptions, CGSampler, EMOptions, FittedPosterior,
+from ctuq.posterior import (CGOptions, CGSampler, EMOptions, FittedPosterior,
                             GaussianPrior, Linearization, LinearGaussianLikelihood, STOOptions,
                             STOSampler, build_prior, fit_hyperparameters)
-from ctuq.posterior.priors import BlockPrior
+from ctuq.posterior.priors import prior_kind
 from ctuq.recon.predcp import PredCPOptions, TVPredCP, predcp_weight
 
 __all__ = ["uncertainty_options", "options_summary", "ct_likelihood", "initial_prior",
@@ -51,11 +51,13 @@ PIPELINE_STO_ITERATIONS = 1000
 
 
 def uncertainty_options(unc, *, learn_noise: bool, seed: int = 0) -> dict:
-    """The engine's options for an :class:`~ctuq.recon.config.UncertaintyConfig`.
+    """The engine's options for the Laplace settings.
 
     Parameters
     ----------
-    unc : UncertaintyConfig
+    unc : LaplaceSettings or UncertaintyConfig
+        :class:`~ctuq.recon.methods.laplace.LaplaceSettings` (an
+        :class:`~ctuq.recon.config.UncertaintyConfig` reads as its ``laplace``)
     learn_noise : bool
         Update ``σ²`` in the M-step (the pipeline decides from whether the
         noise level is known).
@@ -77,7 +79,8 @@ def uncertainty_options(unc, *, learn_noise: bool, seed: int = 0) -> dict:
     em = EMOptions(n_samples=int(unc.n_samples), em_steps=int(unc.em_steps),
                    em_tol=float(unc.em_tol), update=unc.update,
                    learn_noise=bool(learn_noise),
-                   learn_lengthscales=unc.prior == "matern" and bool(unc.predcp),
+                   learn_lengthscales=prior_kind(unc.prior).has_lengthscale
+                   and bool(unc.predcp),
                    seed=int(seed))
     if unc.sampler == "cg":
         sampler = CGSampler(CGOptions(tol=float(unc.cg_tol), max_iter=int(unc.cg_max_iter),
@@ -128,7 +131,7 @@ def initial_prior(likelihood: LinearGaussianLikelihood, kind: str = "gprior", *,
     if variance is None:
         y = likelihood.y
         variance = (float(y.double().square().mean()) / likelihood.num_params
-                    if kind == "gprior" and y is not None else 1.0)
+                    if prior_kind(kind).uses_likelihood and y is not None else 1.0)
     return build_prior(likelihood, kind, variance, init_lengthscale, generator=generator)
 
 
@@ -137,6 +140,7 @@ def fit_posterior(lin: Linearization, op, y, noise_var: float, *,
                   sampler=None, predcp: PredCPOptions | None = None,
                   tv_weight: float | None = None, init_variance: float | None = None,
                   init_lengthscale: float = 0.1, mstep: Callable | None = None,
+                  likelihood: LinearGaussianLikelihood | None = None,
                   progress: Callable | None = None,
                   cancel: Callable[[], bool] | None = None) -> FittedPosterior:
     """Fit the prior and noise hyperparameters of the linearised DIP by sample-based EM.
@@ -169,6 +173,9 @@ def fit_posterior(lin: Linearization, op, y, noise_var: float, *,
         See :func:`initial_prior`.
     mstep : callable, optional
         The M-step (default :func:`ctuq.posterior.mstep.closed_form_mstep`).
+    likelihood : LinearGaussianLikelihood, optional
+        :func:`ct_likelihood` of ``lin``, ``op``, ``y`` when the caller has
+        it already (built here otherwise).
     progress, cancel : callable, optional
         ``emit_progress(progress, "em", step, total, message)`` after every
         E-/M-step; ``cancel`` is checked between steps and inside the solves.
@@ -188,22 +195,19 @@ def fit_posterior(lin: Linearization, op, y, noise_var: float, *,
     """
     em = em if em is not None else EMOptions()
     if sampler is None:
-        from ctuq.recon.config import UncertaintyConfig
+        from ctuq.recon.methods.laplace import LaplaceSettings
 
-        sampler = uncertainty_options(UncertaintyConfig(), learn_noise=em.learn_noise)["sampler"]
+        sampler = uncertainty_options(LaplaceSettings(), learn_noise=em.learn_noise)["sampler"]
     sigma2 = float(noise_var)
     if not (math.isfinite(sigma2) and sigma2 > 0):
         raise InputError(f"must be a positive number, got {noise_var!r}", field="noise_var")
-    likelihood = ct_likelihood(lin, op, y)
+    likelihood = likelihood if likelihood is not None else ct_likelihood(lin, op, y)
     gen = torch.Generator().manual_seed(int(em.seed))
     if not isinstance(prior, GaussianPrior):
-        if prior not in PRIOR_KINDS:
-            raise InputError(f"must be one of {', '.join(PRIOR_KINDS)}, got {prior!r}",
-                             field="prior")
+        prior_kind(prior)  # an unknown name fails here
         prior = initial_prior(likelihood, prior, init_variance=init_variance,
                               init_lengthscale=init_lengthscale, generator=gen)
-    learn_l = em.learn_lengthscales and isinstance(prior, BlockPrior) \
-        and prior.kind == "matern" and any(prior.matern_blocks)
+    learn_l = em.learn_lengthscales and prior.learns_lengthscale
 
     hyperprior, weight = None, 0.0
     if predcp is not None and predcp.scale > 0:

@@ -86,7 +86,7 @@ from ctuq.recon.dip import (
     resolve_device,
 )
 from ctuq.progress import emit_progress
-from ctuq.recon.posterior_handle import Posterior
+from ctuq.recon.posterior_handle import PosteriorHandle
 
 __all__ = ["IVONDIPConfig", "IVONDIPResult", "fit_ivon_dip", "ivon_dip_samples",
            "DEFAULT_SAMPLES", "IVONPosterior", "ivon_uncertainty"]
@@ -461,11 +461,11 @@ def fit_ivon_dip(y, op, config: IVONDIPConfig | None = None, *,
         dip=dip_result if config.start == "dip" else None)
 
 
-class IVONPosterior(Posterior):
-    """IVON's weight posterior of one reconstruction, behind the interface of
-    :class:`~ctuq.recon.posterior_handle.Posterior` (``result.posterior`` of a
-    ``method = 'ivon'`` reconstruction): ``sample(n)`` is ``f(θ_k)`` for
-    fresh ``θ_k ~ q``, ``std``/``region_std`` their spread.
+class IVONPosterior(PosteriorHandle):
+    """IVON's weight posterior of one reconstruction (``result.posterior`` of a
+    ``method = 'ivon'`` reconstruction, :class:`~ctuq.recon.posterior_handle.PosteriorHandle`):
+    the posterior samples are ``f(θ_k)`` for fresh ``θ_k ~ q``, their
+    fluctuations ``f(θ_k)`` minus their mean.
 
     Parameters
     ----------
@@ -474,35 +474,24 @@ class IVONPosterior(Posterior):
         Base seed of the draws when no seed is given.
     """
 
+    min_samples = 2
+
     def __init__(self, fit: IVONDIPResult, *, seed: int = 0):
-        super().__init__(fit.posterior, None, fit.reconstruction.detach().cpu().numpy(),
-                         seed=seed)
+        super().__init__(fit.reconstruction.detach().cpu().numpy(), seed=seed)
         self.fit = fit
         self._model = _predictor(fit.model, fit.config, fit.net_input.device)
 
-    def _outputs(self, n: int, seed: int | None) -> np.ndarray:
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 2 <= n <= 100_000:
-            raise InputError(f"must be an integer from 2 to 100000, got {n!r}", field="n")
-        if seed is None:  # fresh draws on every call, reproducible across a session
-            seed = self._seed + 1000 + self._draws
-            self._draws += 1
+    def posterior_draws(self, n: int, seed: int) -> np.ndarray:
+        """``f(θ_k)`` for ``n`` weight samples, ``[n, H, W]``."""
         with torch.no_grad():
             outs = evaluate_under_samples(
                 self._model, self.fit.posterior,
                 lambda m: m(self.fit.net_input)[0, 0].double(), int(n), seed=int(seed))
         return outs.cpu().numpy()
 
-    def zero_mean_samples(self, n: int, *, seed: int | None = None) -> np.ndarray:
-        """``f(θ_k)`` minus their mean, ``[n, H, W]`` float32 (``n >= 2``)."""
-        outs = self._outputs(n, seed)
-        return (outs - outs.mean(0)).astype(np.float32)
-
-    def sample(self, n: int, *, seed: int | None = None) -> np.ndarray:
-        """``f(θ_k)`` for ``n`` fresh weight samples, ``[n, H, W]`` float32."""
-        return self._outputs(n, seed).astype(np.float32)
-
-    def __repr__(self) -> str:
-        return f"IVONPosterior(image {self.image_shape[0]} x {self.image_shape[1]})"
+    def fluctuations(self, n: int, seed: int) -> np.ndarray:
+        outs = self.posterior_draws(n, seed)
+        return outs - outs.mean(0)
 
 
 #: IVON's settings in the pipeline (``method = 'ivon'``): the validated defaults
@@ -510,16 +499,18 @@ class IVONPosterior(Posterior):
 PIPELINE_CONFIG = IVONDIPConfig()
 
 
-def ivon_uncertainty(dip: DIPResult, op, y: Tensor, noise_std: float, unc, *, seed: int = 0,
+def ivon_uncertainty(dip: DIPResult, op, y: Tensor, noise_std: float, unc=None, *,
+                     predictive_samples: int | None = None,
+                     config: IVONDIPConfig | None = None, seed: int = 0,
                      progress: Callable | None = None,
                      cancel: Callable[[], bool] | None = None) -> dict:
-    """The pipeline's ``method = 'ivon'`` stage: IVON from the pipeline's Adam fit.
+    """The pipeline's IVON stage: IVON from the pipeline's Adam fit.
 
-    The counterpart of :func:`ctuq.recon.pipeline.posterior_uncertainty`:
-    :func:`fit_ivon_dip` with :data:`PIPELINE_CONFIG` (the defaults of
-    :class:`IVONDIPConfig`, chosen on validation data, docs/ivon.md §5), ``start='dip'`` from ``dip`` (its
+    :func:`fit_ivon_dip` with ``config`` (default :data:`PIPELINE_CONFIG`,
+    the defaults of :class:`IVONDIPConfig` chosen on validation data,
+    docs/ivon.md §5), ``start='dip'`` from ``dip`` (its
     :class:`~ctuq.recon.dip.DIPConfig` gives the architecture, TV weight,
-    seed and device), ``unc.predictive_samples`` weight samples, all kept.
+    seed and device), ``predictive_samples`` weight samples, all kept.
 
     Parameters
     ----------
@@ -529,8 +520,14 @@ def ivon_uncertainty(dip: DIPResult, op, y: Tensor, noise_std: float, unc, *, se
     y : Tensor, shape (n_angles, n_detector)
     noise_std : float
         σ of the likelihood (known or estimated; IVON does not learn it).
-    unc : UncertaintyConfig
-        ``method == 'ivon'``; ``predictive_samples`` (>= 2) is read.
+    unc : UncertaintyConfig, optional
+        Its ``predictive_samples`` and ``ivon`` settings, where
+        ``predictive_samples`` and ``config`` are not given.
+    predictive_samples : int, optional
+        Weight samples (>= 2).
+    config : IVONDIPConfig, optional
+        IVON's settings (its ``dip``, ``n_samples``, ``keep_samples`` and
+        ``start`` are set here).
     seed : int
         Base seed of :meth:`IVONPosterior.sample`'s fresh draws.
     progress, cancel : callable, optional
@@ -547,8 +544,12 @@ def ivon_uncertainty(dip: DIPResult, op, y: Tensor, noise_std: float, unc, *, se
         (:class:`IVONPosterior`) and ``timings`` (seconds of ``ivon`` and
         ``ivon_samples``).
     """
-    k = int(unc.predictive_samples)
-    config = PIPELINE_CONFIG.with_(dip=dip.config, n_samples=k, keep_samples=k, start="dip")
+    k = int(predictive_samples if predictive_samples is not None
+            else unc.predictive_samples)
+    if config is None:
+        ivon = getattr(unc, "ivon", None)
+        config = PIPELINE_CONFIG if ivon is None else PIPELINE_CONFIG.with_(**asdict(ivon))
+    config = config.with_(dip=dip.config, n_samples=k, keep_samples=k, start="dip")
     fit = fit_ivon_dip(y, op, config, noise_std=noise_std, dip_result=dip, progress=progress,
                        cancel=cancel)
     samples = fit.samples.double()

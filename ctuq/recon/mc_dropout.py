@@ -4,7 +4,8 @@ The DIP U-net gets ``Dropout2d(p)`` after every 3×3 convolution (reference
 p = 0.05), is fitted exactly like DIP+TV (:func:`ctuq.recon.dip.fit_dip`,
 dropout active during training), and the predictive mean and standard
 deviation are taken over ``n_samples`` stochastic forward passes with dropout
-kept active.
+kept active. In the pipeline: ``[uncertainty] method = "mc-dropout"``
+(:mod:`ctuq.recon.methods.mc_dropout`).
 
 Examples
 --------

@@ -107,8 +107,8 @@ def hyperparameter_tensors(prior: GaussianPrior) -> list[tuple[str, Tensor, list
     """
     if isinstance(prior, BlockPrior):
         out = [("log_a", prior.log_a, [True] * prior.num_blocks)]
-        if prior.kind == "matern" and any(prior.matern_blocks):
-            out.append(("log_l", prior.log_l, list(prior.matern_blocks)))
+        if prior.learns_lengthscale:
+            out.append(("log_l", prior.log_l, list(prior.lengthscale_blocks)))
         return out
     if isinstance(prior, GPrior):
         return [("log_g", prior.log_g, [True])]

@@ -12,7 +12,8 @@ File layouts: ``docs/file_formats.md``.
 """
 
 from ctuq.data.io._atomic import atomic_output, check_output_path, remove_stale_temporaries
-from ctuq.data.io._common import sha256_file
+from ctuq.data.io._common import check_array, default_memory_budget, sha256_file
+from ctuq.data.io._resolve import from_options as geometry_part, resolve as resolve_geometry
 from ctuq.data.io.isolated import (detect_format_isolated, read_result_isolated,
                                    read_sinogram_isolated)
 from ctuq.data.io.nxtomo import write_sinogram

@@ -1,0 +1,270 @@
+"""The model-error terms: the fit's own error beside the posterior (docs/method.md §8.2).
+
+The linearised posterior describes how far the weights may move given the
+data around the fitted network; it does not contain the fit's own bias
+(DIP+TV rounds and blurs edges), and evidence computed on the sinogram that
+the network fitted cannot see that bias either. ctuq therefore models the
+reconstruction error as (``docs/method.md``, "The fit's own error")::
+
+    x − x̂ = J (θ − θ*) + δ,     δ ~ N(0, diag(s0² + s1² e(x̂)²))
+
+with ``e(x̂)`` the edge strength of the reconstruction (:func:`~ctuq.recon.model_error.edges.edge_strength`)
+and ``s0 = t0 · rms(posterior std)``, so that both coefficients ``t0`` and
+``s1`` are free of the image's intensity unit. The total per-pixel variance
+is ``var_post + s0² + s1² e²``; result files keep the three parts.
+
+Three ways to set the coefficients:
+
+``'heldout'`` (per scan, no ground truth)
+    Fit the DIP on the angles without every ``k``-th one; the left-out
+    projections ``y_out ~ N(A_out x̂_in, A_out V A_outᵀ + σ² I)``, ``V =
+    diag(var_post + s0² + s1² e(x̂_in)²)``, give a likelihood of ``(t0,
+    s1)`` (:func:`~ctuq.recon.model_error.heldout.fit_heldout`); the coefficients are then applied to the
+    fit on all angles.
+``'calibrated'`` (per preset, from simulated scans)
+    Maximise the pixel likelihood of known truths over ``(t0, s1)``
+    (:func:`~ctuq.recon.model_error.coefficients.fit_to_truth`); ``ctuq calibrate`` writes the result to a small
+    JSON file (:class:`~ctuq.recon.model_error.coefficients.ModelErrorCoefficients`) that a config names. ctuq
+    ships such files for its presets, fitted on the tuning split.
+``'conformal'`` (per preset, from simulated scans)
+    Split-conformal scaling of the posterior std (:func:`~ctuq.recon.model_error.coefficients.conformal_scale`):
+    with ``n`` calibration pixels, ``q`` is the ``⌈(n + 1) p⌉``-th smallest
+    score ``|x − x̂| / std``; for a new pixel exchangeable with the
+    calibration pixels, ``|x − x̂| ≤ q · std`` holds with probability at least
+    ``p``. Pixels of one image are not independent and a user's image is not
+    drawn from the calibration family, so the guarantee is marginal over
+    images like the calibration ones, nothing more.
+
+A term is an object (:class:`ModelErrorTerm`) made by :func:`make_model_error`
+from the ``[uncertainty]`` settings: :meth:`~ModelErrorTerm.prepare` reads
+what it needs from files before any fit (a missing or bad calibration file
+stops a run at once), :meth:`~ModelErrorTerm.variance` gives the variance map
+once the posterior's is known. This module is the one place that names the
+terms (:data:`MODEL_ERROR_TERMS`); a new term is a subclass and a line there.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+from torch import Tensor
+
+from ctuq.errors import InputError
+from ctuq.progress import check_cancel, emit_progress
+from ctuq.recon.model_error.coefficients import ModelErrorCoefficients, shipped_coefficients
+
+__all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
+           "CalibratedTerm", "ConformalTerm", "MODEL_ERROR_TERMS", "METHODS",
+           "make_model_error", "coefficients_for", "heldout_prior"]
+
+
+@dataclass
+class ModelErrorOutcome:
+    """What a term adds to the posterior.
+
+    Attributes
+    ----------
+    variance : Tensor, shape (H, W)
+        The model-error variance, float64 on the CPU.
+    coefficients : ModelErrorCoefficients
+        Recorded in the result (``config['model_error']``).
+    seconds : float
+    """
+
+    variance: Tensor
+    coefficients: ModelErrorCoefficients
+    seconds: float = 0.0
+
+
+class ModelErrorTerm:
+    """One way of setting the model-error variance.
+
+    Parameters
+    ----------
+    settings : UncertaintyConfig
+        Read: ``heldout_every``, ``heldout_min_out``, ``heldout_prior_width``,
+        ``model_error_file``.
+    preset : str
+        Picks the shipped calibration when no file is named.
+    shipped : bool
+        Whether the uncertainty method's std is the one ctuq's shipped
+        calibrations were fitted with (only then are they used unasked).
+    """
+
+    #: The name in ``[uncertainty] model_error`` (set by each subclass).
+    name: ClassVar[str] = ""
+    #: Needs a calibration (a file, or a shipped one): checked with the settings.
+    needs_calibration: ClassVar[bool] = False
+
+    def __init__(self, settings, preset: str, *, shipped: bool = True):
+        self.settings, self.preset, self.shipped = settings, preset, bool(shipped)
+        self.calibration: ModelErrorCoefficients | None = None
+        self.source: str | None = None
+
+    def prepare(self) -> "ModelErrorTerm":
+        """Read the calibration this term needs (before any fit); returns ``self``."""
+        return self
+
+    def compute(self, problem, fit, posterior_variance: Tensor, noise_var: float, *,
+                progress=None, cancel=None) -> tuple[ModelErrorCoefficients, Tensor]:
+        """``(coefficients, variance)``; see :meth:`variance`."""
+        raise NotImplementedError
+
+    def variance(self, problem, fit, posterior_variance: Tensor, noise_var: float, *,
+                 progress: Callable | None = None,
+                 cancel: Callable[[], bool] | None = None) -> ModelErrorOutcome:
+        """The model-error variance beside ``posterior_variance``.
+
+        Parameters
+        ----------
+        problem : ReconstructionProblem
+            Its operator ``op`` and data ``y`` (:mod:`ctuq.recon.problem`).
+        fit : DIPResult
+            The fit whose error is modelled: ``reconstruction`` is the one
+            shown, ``config`` the DIP settings (a refit reuses them).
+        posterior_variance : Tensor, shape (H, W)
+        noise_var : float
+            ``σ²`` of the measurements (the method's, learned or known).
+        progress, cancel : callable, optional
+            Stage ``'model error'``.
+        """
+        t0 = time.perf_counter()
+        emit_progress(progress, "model error", 0, 1, self.name)
+        coeffs, var = self.compute(problem, fit, posterior_variance.detach().double().cpu(),
+                                   float(noise_var), progress=progress, cancel=cancel)
+        emit_progress(progress, "model error", 1, 1, f"{self.name}: t0 {coeffs.t0:.3g}, "
+                      f"s1 {coeffs.s1:.3g}")
+        return ModelErrorOutcome(var, coeffs, time.perf_counter() - t0)
+
+
+class NoModelError(ModelErrorTerm):
+    """No model error: the posterior's variance alone."""
+
+    name = "none"
+
+    def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
+        return ModelErrorCoefficients(), torch.zeros_like(var_post)
+
+
+class HeldoutTerm(ModelErrorTerm):
+    """Per scan, from the projections of a second fit that left them out
+    (:mod:`ctuq.recon.model_error.heldout`), with a log-normal prior around
+    the calibration (:func:`heldout_prior`)."""
+
+    name = "heldout"
+
+    def prepare(self):
+        self.calibration, self.source = heldout_prior(self.settings, self.preset,
+                                                      shipped=self.shipped)
+        return self
+
+    def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
+        from ctuq.recon.model_error.heldout import fit_heldout, heldout_fit
+
+        s = self.settings
+        mask, dip_in = heldout_fit(problem.y, problem.op, fit.config, every=s.heldout_every,
+                                   min_out=s.heldout_min_out, noise_std=math.sqrt(noise_var),
+                                   progress=progress, cancel=cancel)
+        check_cancel(cancel, "reconstruction")
+        coeffs = fit_heldout(problem.op, problem.y, mask, dip_in.reconstruction.detach().cpu(),
+                             var_post, noise_var, prior=self.calibration,
+                             prior_width=s.heldout_prior_width)
+        if self.calibration is not None:
+            coeffs.info["prior"]["from"] = self.source
+        return coeffs, coeffs.variance(fit.reconstruction.detach().cpu(), var_post)
+
+
+class CalibratedTerm(ModelErrorTerm):
+    """Per preset: coefficients fitted to known truths of simulated scans
+    (``ctuq calibrate``, :func:`~ctuq.recon.model_error.coefficients.fit_to_truth`)."""
+
+    name = "calibrated"
+    needs_calibration = True
+
+    def prepare(self):
+        path = self.settings.model_error_file
+        self.calibration = coefficients_for(self.preset, path)
+        self.source = str(path) if path else f"shipped:{self.preset}"
+        return self
+
+    def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
+        return self.calibration, self.calibration.variance(
+            fit.reconstruction.detach().cpu(), var_post)
+
+
+class ConformalTerm(CalibratedTerm):
+    """Per preset: total std = ``q`` · posterior std, never below the posterior's
+    (:func:`~ctuq.recon.model_error.coefficients.conformal_scale`)."""
+
+    name = "conformal"
+
+    def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
+        q = max(self.calibration.conformal, 1.0)
+        return self.calibration, (q**2 - 1.0) * var_post
+
+
+#: The model-error terms by name (``[uncertainty] model_error``).
+MODEL_ERROR_TERMS: dict[str, type[ModelErrorTerm]] = {
+    cls.name: cls for cls in (HeldoutTerm, CalibratedTerm, ConformalTerm, NoModelError)}
+#: Their names (also the ``method`` of :class:`ModelErrorCoefficients`).
+METHODS = tuple(MODEL_ERROR_TERMS)
+
+
+def make_model_error(name: str, settings, preset: str, *, shipped: bool = True
+                     ) -> ModelErrorTerm:
+    """The term ``name`` of :data:`MODEL_ERROR_TERMS` (not yet prepared).
+
+    Raises
+    ------
+    InputError
+        An unknown name.
+    """
+    try:
+        cls = MODEL_ERROR_TERMS[name]
+    except KeyError:
+        raise InputError(f"must be one of {', '.join(MODEL_ERROR_TERMS)}, got {name!r}",
+                         field="uncertainty.model_error") from None
+    return cls(settings, preset, shipped=shipped)
+
+
+def coefficients_for(preset: str, path=None) -> ModelErrorCoefficients:
+    """The calibration of ``path``, or the one shipped for ``preset``.
+
+    Raises
+    ------
+    InputError
+        No file given and none shipped for the preset, or a bad file.
+    """
+    if path is not None:
+        return ModelErrorCoefficients.load(path)
+    shipped = shipped_coefficients(preset)
+    if shipped is None:
+        raise InputError(f"ctuq ships no model-error calibration for preset {preset!r}: run "
+                         "'ctuq calibrate --size SIDE --out FILE' (SIDE: the image side of "
+                         "the scans) and set "
+                         f"uncertainty.model_error_file = FILE, or use model_error = "
+                         f"'{HeldoutTerm.name}'", field="uncertainty.model_error_file")
+    return shipped
+
+
+def heldout_prior(settings, preset: str, *, shipped: bool = True):
+    """The calibration that centres the held-out fit's prior, and where it came from.
+
+    ``(None, None)`` when ``heldout_prior_width`` is 0, or when no
+    ``model_error_file`` is named and ctuq ships none for the preset (or
+    ``shipped`` is False: the method's std is not the one the shipped files
+    were fitted with).
+    """
+    if settings.heldout_prior_width == 0:
+        return None, None
+    if settings.model_error_file is not None:
+        return (ModelErrorCoefficients.load(settings.model_error_file),
+                str(settings.model_error_file))
+    if not shipped:
+        return None, None
+    found = shipped_coefficients(preset)
+    return (found, f"shipped:{preset}") if found is not None else (None, None)

@@ -1,0 +1,130 @@
+"""One reconstruction problem: the data, its operator, its noise model and the settings.
+
+A :class:`ReconstructionProblem` is made once per 2-D slice
+(:meth:`ReconstructionProblem.from_sinogram`) and is what every stage of the
+pipeline reads (:mod:`ctuq.recon.pipeline`): the DIP fit, the uncertainty
+method (:mod:`ctuq.recon.methods`) and the model-error term
+(:mod:`ctuq.recon.model_error`), instead of an operator and a data tensor
+travelling as two loose arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ctuq.data.io import Sinogram
+from ctuq.data.operators import RayTransform
+
+__all__ = ["NoiseModel", "ReconstructionProblem"]
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """Gaussian noise of the measurements.
+
+    Attributes
+    ----------
+    std : float
+        The noise std ``σ`` (1/mm, the unit of the line integrals): given in
+        the settings, the file's metadata, or estimated from the data.
+    known : bool
+        Given (settings or file) rather than estimated.
+
+    Notes
+    -----
+    :attr:`variance` is the scalar ``σ²`` of every ray; a per-ray variance
+    (a tensor of the sinogram's shape) is the planned extension, read through
+    this property.
+    """
+
+    std: float
+    known: bool
+
+    @property
+    def variance(self) -> float:
+        return float(self.std) ** 2
+
+    @classmethod
+    def for_data(cls, sinogram: Sinogram, y: torch.Tensor, noise_std: float | None = None
+                 ) -> "NoiseModel":
+        """The settings' ``noise_std``, else the file's, else estimated from ``y``."""
+        from ctuq.recon.baselines import estimate_noise_std
+
+        if noise_std is not None:
+            return cls(float(noise_std), True)
+        known = sinogram.noise_std  # validated: a positive finite number or None
+        if known is not None:
+            return cls(float(known), True)
+        return cls(float(estimate_noise_std(y)), False)
+
+
+@dataclass
+class ReconstructionProblem:
+    """A 2-D reconstruction to solve, with its resolved settings.
+
+    Attributes
+    ----------
+    sinogram : Sinogram
+        One slice (``data`` ``(n_angles, n_detector)``, geometry, metadata,
+        optional ground truth).
+    op : RayTransform
+        The ray transform of its geometry, on :attr:`device`.
+    y : Tensor, shape (n_angles, n_detector)
+        The data, float32 on :attr:`device`.
+    noise : NoiseModel
+    preset : str
+        The U-net preset the settings were resolved for.
+    config : ReconstructionConfig
+        What the user asked for.
+    dip : DIPConfig
+        The resolved DIP settings (the method's :meth:`adapt_dip` applied).
+    uncertainty : UncertaintyConfig
+        The resolved uncertainty settings.
+    device : torch.device
+    """
+
+    sinogram: Sinogram
+    op: RayTransform
+    y: torch.Tensor
+    noise: NoiseModel
+    preset: str
+    config: object
+    dip: object
+    uncertainty: object
+    device: torch.device
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.seed)
+
+    @property
+    def geometry(self):
+        return self.sinogram.geometry
+
+    @classmethod
+    def from_sinogram(cls, sinogram: Sinogram, config, method=None) -> "ReconstructionProblem":
+        """Resolve ``config`` for the slice ``sinogram`` (a 2-D one).
+
+        Parameters
+        ----------
+        sinogram : Sinogram
+        config : ReconstructionConfig
+        method : UncertaintyMethod, optional
+            Its :meth:`~ctuq.recon.methods.base.UncertaintyMethod.adapt_dip`
+            is applied to the DIP settings.
+        """
+        from ctuq.recon.dip import resolve_device
+
+        geometry = sinogram.geometry
+        dip_cfg, unc = config.resolve(geometry.image_shape)
+        if method is None:
+            method = unc.make_method()
+        device = resolve_device(config.device)
+        op = RayTransform(geometry, backend=config.backend, device=device)
+        y = torch.as_tensor(sinogram.data, dtype=torch.float32, device=device)
+        return cls(sinogram=sinogram, op=op, y=y,
+                   noise=NoiseModel.for_data(sinogram, y, config.noise_std),
+                   preset=config.preset_for(geometry.image_shape), config=config,
+                   dip=method.adapt_dip(dip_cfg), uncertainty=unc, device=device)
