@@ -131,7 +131,7 @@ def test_case_list_covers_every_family_and_condition_before_a_second_image():
     assert {(c["n_angles"], c["noise"]) for c in sub} == {(60, 0.05)}
 
 
-def test_total_variance_is_the_pipelines_model_error_stage():
+def test_total_variance_is_the_model_error_terms_rule():
     """calibrated: posterior + the calibration's term; conformal: the posterior × q²."""
     import torch
 
@@ -146,5 +146,6 @@ def test_total_variance_is_the_pipelines_model_error_stage():
     low = me.ModelErrorCoefficients(2.0, 0.1, "calibrated", conformal=0.5)
     assert torch.equal(bench_calibration.total_variance("conformal", x_hat, var_post, low),
                        var_post)
+    assert torch.equal(bench_calibration.total_variance("none", x_hat, var_post, co), var_post)
     with pytest.raises(ValueError):
-        bench_calibration.total_variance("none", x_hat, var_post, co)
+        bench_calibration.total_variance("no-such-term", x_hat, var_post, co)

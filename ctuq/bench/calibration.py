@@ -120,49 +120,33 @@ def reconstruction_config(case: dict, run: CalibrationRun, **uncertainty):
                                 uncertainty=unc)
 
 
-def total_variance(method: str, x_hat, var_post, coefficients, scan=None) -> torch.Tensor:
-    """The total variance (posterior + model error) of ``method`` for a posterior variance.
-
-    The one place where the benchmark turns coefficients into a variance map,
-    by the library's own code: ``'heldout'`` (coefficients already fitted) by
-    :meth:`ctuq.recon.model_error.ModelErrorCoefficients.variance`, as the
-    pipeline's held-out stage applies them; ``'calibrated'`` and
-    ``'conformal'`` by the pipeline's model-error stage itself
-    (:func:`ctuq.recon.pipeline.model_error_stage`), which holds the
-    conformal rule. (ctuq.recon has no public "variance of method M given
-    the posterior variance"; when it gains one, call it here.)
+def total_variance(method: str, x_hat, var_post, coefficients) -> torch.Tensor:
+    """The total variance (posterior + model error) of the model-error term
+    ``method`` for a posterior variance and fitted coefficients: the term's own
+    rule (:meth:`ctuq.recon.model_error.ModelErrorTerm.apply`), as the
+    pipeline applies it.
 
     Parameters
     ----------
-    method : {'heldout', 'calibrated', 'conformal'}
+    method : str
+        A name of :data:`ctuq.recon.model_error.MODEL_ERROR_TERMS`.
     x_hat : array or Tensor, shape (H, W)
         The reconstruction.
     var_post : array or Tensor, shape (H, W)
         The posterior variance.
     coefficients : ModelErrorCoefficients
-    scan : Scan, optional
-        Not read by these methods (the stage's signature wants an operator
-        and data); default a 2-angle stand-in.
 
     Returns
     -------
     Tensor, shape (H, W), float64
     """
-    from ctuq.recon.config import UncertaintyConfig
-    from ctuq.recon.pipeline import model_error_stage
+    from ctuq.recon.model_error import MODEL_ERROR_TERMS
 
     x_hat = torch.as_tensor(np.asarray(x_hat))
     var_post = torch.as_tensor(np.asarray(var_post), dtype=torch.float64)
-    if method == "heldout":
-        return var_post + coefficients.variance(x_hat, var_post)
-    if method not in ("calibrated", "conformal"):
-        raise ValueError(f"unknown model-error method {method!r}")
-    fit = type("Fit", (), {"reconstruction": x_hat})()  # the stage reads only this here
-    op, y = (scan.op, scan.y) if scan is not None else (None, None)
-    unc = dataclasses.replace(UncertaintyConfig(), model_error=method)
-    out = model_error_stage(fit, op, y, float("nan"), unc, var_post, "",
-                            calibration=(coefficients, "benchmark"))
-    return var_post + out["variance"]
+    if method not in MODEL_ERROR_TERMS:
+        raise ValueError(f"unknown model-error term {method!r}")
+    return var_post + MODEL_ERROR_TERMS[method].apply(coefficients, x_hat, var_post)
 
 
 def result_methods(result, truth, calibration=None, suffix: str = "") -> dict:

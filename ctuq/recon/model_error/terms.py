@@ -111,8 +111,29 @@ class ModelErrorTerm:
 
     def compute(self, problem, fit, posterior_variance: Tensor, noise_var: float, *,
                 progress=None, cancel=None) -> tuple[ModelErrorCoefficients, Tensor]:
-        """``(coefficients, variance)``; see :meth:`variance`."""
-        raise NotImplementedError
+        """``(coefficients, variance)``; see :meth:`variance`. Default: the
+        prepared calibration, applied by :meth:`apply`."""
+        return self.calibration, self.apply(self.calibration, fit.reconstruction.detach().cpu(),
+                                            posterior_variance)
+
+    @classmethod
+    def apply(cls, coefficients: ModelErrorCoefficients, x_hat, posterior_variance) -> Tensor:
+        """The model-error variance that fitted ``coefficients`` give.
+
+        Parameters
+        ----------
+        coefficients : ModelErrorCoefficients
+        x_hat : Tensor, shape (H, W)
+            The reconstruction whose error is modelled.
+        posterior_variance : Tensor, shape (H, W)
+
+        Returns
+        -------
+        Tensor, shape (H, W), float64
+            ``s0² + s1²·|∇x̂|²``-type variance of the coefficients
+            (:meth:`ModelErrorCoefficients.variance`).
+        """
+        return coefficients.variance(x_hat, posterior_variance)
 
     def variance(self, problem, fit, posterior_variance: Tensor, noise_var: float, *,
                  progress: Callable | None = None,
@@ -149,6 +170,10 @@ class NoModelError(ModelErrorTerm):
     def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
         return ModelErrorCoefficients(), torch.zeros_like(var_post)
 
+    @classmethod
+    def apply(cls, coefficients, x_hat, posterior_variance):
+        return torch.zeros_like(torch.as_tensor(posterior_variance, dtype=torch.float64))
+
 
 class HeldoutTerm(ModelErrorTerm):
     """Per scan, from the projections of a second fit that left them out
@@ -175,7 +200,7 @@ class HeldoutTerm(ModelErrorTerm):
                              prior_width=s.heldout_prior_width)
         if self.calibration is not None:
             coeffs.info["prior"]["from"] = self.source
-        return coeffs, coeffs.variance(fit.reconstruction.detach().cpu(), var_post)
+        return coeffs, self.apply(coeffs, fit.reconstruction.detach().cpu(), var_post)
 
 
 class CalibratedTerm(ModelErrorTerm):
@@ -191,9 +216,6 @@ class CalibratedTerm(ModelErrorTerm):
         self.source = str(path) if path else f"shipped:{self.preset}"
         return self
 
-    def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
-        return self.calibration, self.calibration.variance(
-            fit.reconstruction.detach().cpu(), var_post)
 
 
 class ConformalTerm(CalibratedTerm):
@@ -202,9 +224,10 @@ class ConformalTerm(CalibratedTerm):
 
     name = "conformal"
 
-    def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
-        q = max(self.calibration.conformal, 1.0)
-        return self.calibration, (q**2 - 1.0) * var_post
+    @classmethod
+    def apply(cls, coefficients, x_hat, posterior_variance):
+        q = max(coefficients.conformal, 1.0)
+        return (q**2 - 1.0) * torch.as_tensor(posterior_variance, dtype=torch.float64)
 
 
 #: The model-error terms by name (``[uncertainty] model_error``).
