@@ -79,11 +79,56 @@ def output_path(input_path, out_dir) -> Path:
     return Path(out_dir) / f"{name}{RESULT_SUFFIX}"
 
 
-def plan_outputs(inputs: Iterable, out_dir) -> list[tuple[Path, Path]]:
-    """Pair each input with its output; two inputs with one output name are an error."""
+def _check_input_exists(inp: Path) -> None:
+    """A path that names no file is a usage error, before any work (not a failed row)."""
+    if os.path.exists(inp):
+        if os.path.isdir(inp):
+            raise InputError("is a folder, not a sinogram file (give the files in it, e.g. "
+                             f"{os.path.join(str(inp), '*.h5')})", file=inp, field="input")
+        return
+    if os.path.lexists(inp):
+        raise InputError("is a broken symbolic link (it points at a file that does not exist)",
+                         file=inp, field="input")
+    if any(c in str(inp) for c in "*?["):
+        raise InputError("no file matches this pattern (the shell passed it on as it was)",
+                         file=inp, field="input")
+    raise InputError("no such file", file=inp, field="input")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` are one file: the same path, or links (symbolic or hard) to one file."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def plan_outputs(inputs: Iterable, out_dir, *, also_writes: Iterable = ()
+                 ) -> list[tuple[Path, Path]]:
+    """Pair each input with its output, refusing a plan that could lose data.
+
+    Refused, before any work, with an :class:`InputError` (a usage error):
+    an input that does not exist (a missing file, a shell pattern that
+    matched nothing, a broken link, a folder); two inputs with one output
+    name; and a file the batch would write (an output, the batch lock,
+    ``also_writes`` such as the summary JSON) that is itself one of the
+    inputs, by path or through a symbolic or hard link.
+
+    Parameters
+    ----------
+    inputs : iterable of path-like
+    out_dir : path-like
+    also_writes : iterable of path-like
+        Other files the run will write (``--summary-json``).
+
+    Returns
+    -------
+    list of (input, output) pairs, in input order
+    """
     pairs, seen = [], {}
+    inputs = [Path(inp) for inp in inputs]
     for inp in inputs:
-        inp = Path(inp)
+        _check_input_exists(inp)
         out = output_path(inp, out_dir)
         if out in seen:
             raise InputError(f"{inp} and {seen[out]} would both be written to {out.name}; "
@@ -91,6 +136,20 @@ def plan_outputs(inputs: Iterable, out_dir) -> list[tuple[Path, Path]]:
                              file=inp, field="input")
         seen[out] = inp
         pairs.append((inp, out))
+    writes = [(out, f"the output of {inp}") for inp, out in pairs]
+    writes.append((Path(out_dir) / LOCK_NAME, "the batch lock"))
+    writes += [(Path(p), "the summary (--summary-json)") for p in also_writes
+               if p is not None and str(p) != "-"]
+    for target, what in writes:
+        if not os.path.lexists(target):
+            continue  # a file that does not exist yet cannot be an input
+        for inp in inputs:
+            if _same_file(target, inp):
+                same = "" if os.path.abspath(target) == os.path.abspath(inp) else \
+                    f" (the same file as {target})"
+                raise InputError(f"is an input and would be overwritten as {what}{same}; "
+                                 "choose another --out (or move the input)",
+                                 file=inp, field="input")
     return pairs
 
 
@@ -291,7 +350,7 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
               workers: int | None = None, scheduler: str | None = None,
               retries: int = 2, on_progress: Callable | None = None,
               on_outcome: Callable | None = None, run_id: str | None = None,
-              quiet_dask: bool = True) -> list[Outcome]:
+              quiet_dask: bool = True, also_writes: Iterable = ()) -> list[Outcome]:
     """Reconstruct every input; see the module docstring.
 
     Parameters
@@ -318,6 +377,9 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
         Default: a new random id (recorded in every result written).
     quiet_dask : bool
         Keep Dask's own logging at ERROR level. Default True.
+    also_writes : iterable of path-like
+        Other files the caller will write after the run (the summary JSON):
+        refused, like the outputs, when one of them is an input.
 
     Returns
     -------
@@ -326,8 +388,10 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
     Raises
     ------
     InputError
-        Bad arguments, an output folder that cannot be created, or another
-        batch writing into the same folder.
+        Bad arguments, an input that does not exist, a file to be written
+        that is an input (:func:`plan_outputs`), an output folder that cannot
+        be created, or another batch writing into the same folder. Raised
+        before any input is read or any file written.
     """
     if workers is not None and scheduler is not None:
         raise InputError("give --workers or --scheduler, not both", field="--workers")
@@ -339,12 +403,12 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
     ReconstructionConfig.from_dict(config)  # refuse bad settings before any work
     run_id = run_id or new_run_id()
     out_dir = Path(out_dir)
+    pairs = plan_outputs(inputs, out_dir, also_writes=also_writes)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise InputError(f"cannot create the output folder: {err.strerror}", file=out_dir,
                          field="--out") from None
-    pairs = plan_outputs(inputs, out_dir)
     with folder_lock(out_dir, run_id):
         for p in remove_stale_temporaries(out_dir, protect=[inp for inp, _ in pairs]):
             log.info("removed stale temporary %s", p)
