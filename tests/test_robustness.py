@@ -514,3 +514,54 @@ def test_killed_writer_leaves_a_removable_temporary(tmp_path):
     removed = remove_stale_temporaries(tmp_path)
     assert len(removed) == 1 and removed[0].name.endswith(".r.h5.tmp")
     assert not [q for q in tmp_path.iterdir() if q.name.endswith(".tmp")]
+
+
+# -- the hostile tester's second round: values that pass validation but not arithmetic ---------
+@pytest.mark.parametrize("value, words", [(1e30, "at most"), (-1e30, "> 0"),
+                                          (1e-300, "at least"), (1e20, "at most")])
+def test_noise_std_must_survive_squaring_in_float32(value, words, tmp_path, capsys):
+    """1e30 passed and ended in torch's overflow traceback; 1e-300 ended in an error
+    about noise_var, a quantity the user never set. Both name noise_std now."""
+    with pytest.raises(InputError) as ei:
+        ReconstructionConfig.from_dict({**TINY, "noise_std": value})
+    assert ei.value.field == "noise_std" and words in ei.value.message
+    f32 = np.finfo(np.float32)
+    for ok in (1e-18, 1e18):                            # inside: value and square are normal
+        assert f32.tiny <= np.float32(ok) ** 2 <= f32.max
+        ReconstructionConfig.from_dict({**TINY, "noise_std": ok})
+    # the same check for a TOML file, naming the file and the key, exit 2
+    (tmp_path / "c.toml").write_text(f"noise_std = {value!r}\n")
+    (tmp_path / "s.npy").write_bytes(b"")
+    assert main(["reconstruct", str(tmp_path / "s.npy"), "--out", str(tmp_path / "o"),
+                 "--config", str(tmp_path / "c.toml")]) == 2
+    err = "".join(capsys.readouterr().err.split())
+    assert "noise_std" in err and "c.toml" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("data", [np.zeros((20, 28)), np.full((20, 28), 3.5)],
+                         ids=["zeros", "constant"])
+def test_a_constant_sinogram_is_refused_at_input(data):
+    """An all-zero or constant sinogram through the API ended in
+    'noise_var: must be a positive number, got 0.0' after the DIP fit."""
+    import ctuq
+
+    t0 = time.monotonic()
+    with pytest.raises(InputError) as ei:
+        ctuq.reconstruct(data, ReconstructionConfig.from_dict(TINY),
+                         angles=np.arange(20) * 9.0, image_size=28)
+    assert ei.value.field == "sinogram" and "constant" in ei.value.message
+    assert time.monotonic() - t0 < 5                   # before any fit
+    stack = np.stack([np.random.default_rng(0).random((20, 28)), data])
+    with pytest.raises(InputError) as ei:              # one dead slice of a stack
+        ctuq.reconstruct(stack, ReconstructionConfig.from_dict(TINY),
+                         angles=np.arange(20) * 9.0, image_size=28)
+    assert ei.value.field == "sinogram[1]"
+
+
+def test_a_constant_sinogram_file_fails_naming_file_and_field(tmp_path):
+    g = Geometry.parallel(28, 20)
+    path = write_sinogram(tmp_path / "blank.nxs", Sinogram(np.zeros(g.range_shape), g))
+    [o] = run_batch([path], tmp_path / "out", ReconstructionConfig.from_dict(TINY).to_dict())
+    assert o.status == "failed" and o.seconds < 30
+    assert "blank.nxs" in o.error and "sinogram" in o.error and "constant" in o.error
+    assert not (tmp_path / "out" / "blank.ctuq.h5").exists()
