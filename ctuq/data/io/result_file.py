@@ -196,6 +196,13 @@ def write_result(path, result: Result, *, overwrite: bool = False) -> Path:
     return Path(os.fspath(path))
 
 
+#: ``@long_name`` of the spreads: ``std`` is the total, posterior and model error together.
+LONG_NAMES = {"std": "total standard deviation (posterior and model error)",
+              "variance": "total variance (posterior and model error)",
+              "posterior_std": "posterior standard deviation",
+              "model_error_std": "model error standard deviation"}
+
+
 def _image(group, name: str, data, units, **attrs):
     """An image dataset with its units (when known)."""
     extra = {} if units is None else {"units": units}
@@ -296,8 +303,8 @@ def _write(f, r: Result, texts, config, hyper, trace) -> None:
     if signal == "reconstruction":
         _image(nxdata, "data", r.reconstruction, r.units, long_name="posterior mean")
         if r.std is not None:
-            _image(nxdata, "data_errors", r.std, r.units,
-                   long_name="posterior standard deviation")
+            # the total: data_errors is what NeXus tools show as the error bars
+            _image(nxdata, "data_errors", r.std, r.units, long_name=LONG_NAMES["std"])
     else:
         units = squared_units(r.units) if signal == "variance" else r.units
         _image(nxdata, signal, getattr(r, signal), units, long_name=signal.replace("_", " "))
@@ -315,10 +322,11 @@ def _write(f, r: Result, texts, config, hyper, trace) -> None:
     if rest or unc_std is not None:
         unc = H.new_group(entry, "uncertainty", "NXcollection")
         if unc_std is not None:
-            _image(unc, "std", unc_std, r.units)
+            _image(unc, "std", unc_std, r.units, long_name=LONG_NAMES["std"])
         for n in rest:
             v = getattr(r, n)
-            ds = _image(unc, n, v, squared_units(r.units) if n == "variance" else r.units)
+            ds = _image(unc, n, v, squared_units(r.units) if n == "variance" else r.units,
+                        **({"long_name": LONG_NAMES[n]} if n in LONG_NAMES else {}))
             if n == "samples":
                 ds.attrs["axes"] = H.str_list((["slice"] if r.is_stack else [])
                                               + ["sample", "y", "x"])
