@@ -153,6 +153,47 @@ def plan_outputs(inputs: Iterable, out_dir, *, also_writes: Iterable = ()
     return pairs
 
 
+#: Seconds to wait for a TCP connection to the Dask scheduler before giving up.
+SCHEDULER_CONNECT_TIMEOUT = 5.0
+
+
+def check_scheduler(address: str, timeout: float = SCHEDULER_CONNECT_TIMEOUT) -> None:
+    """Refuse a Dask scheduler address that is malformed or that nothing answers at.
+
+    A ``tcp://`` or ``tls://`` address (the scheme defaults to ``tcp``) is
+    parsed and one TCP connection is opened, so that a typo or a scheduler
+    that is not running is one error within ``timeout`` seconds instead of
+    Dask's 20-second retry loop. Other schemes are left to Dask.
+
+    Raises
+    ------
+    InputError
+        Naming ``--scheduler`` and the address.
+    """
+    import socket
+
+    from distributed.comm import parse_address, parse_host_port
+
+    if not isinstance(address, str) or not address.strip():
+        raise InputError(f"must be an address such as tcp://10.0.0.5:8786, got {address!r}",
+                         field="--scheduler")
+    try:
+        scheme, location = parse_address(address.strip())
+        if scheme not in ("tcp", "tls"):
+            return
+        host, port = parse_host_port(location)
+    except (ValueError, TypeError) as err:
+        raise InputError(f"{address!r} is not a Dask scheduler address ({err}); expected "
+                         "tcp://HOST:PORT", field="--scheduler") from None
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as err:
+        why = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise InputError(f"cannot reach the Dask scheduler at {address} ({why}); is it "
+                         "running, and is the address right?", field="--scheduler") from None
+
+
 # -- the folder lock -------------------------------------------------------------------
 @contextlib.contextmanager
 def folder_lock(out_dir: Path, run_id: str):
@@ -401,6 +442,8 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
     from ctuq.recon.config import ReconstructionConfig
 
     ReconstructionConfig.from_dict(config)  # refuse bad settings before any work
+    if scheduler is not None:
+        check_scheduler(scheduler)
     run_id = run_id or new_run_id()
     out_dir = Path(out_dir)
     pairs = plan_outputs(inputs, out_dir, also_writes=also_writes)
@@ -456,8 +499,9 @@ def _run_dask(pairs, config, overwrite, workers, scheduler, retries, on_progress
     else:
         try:
             client = Client(scheduler, timeout=20)
-        except (OSError, TimeoutError) as err:
-            raise InputError(f"cannot reach the Dask scheduler: {err}",
+        except Exception as err:  # noqa: BLE001 - whatever answered was no Dask scheduler
+            raise InputError(f"cannot connect to the Dask scheduler at {scheduler} "
+                             f"({type(err).__name__}: {str(err)[:200]})",
                              field="--scheduler") from None
     try:
         queue = Queue(PROGRESS_QUEUE, client=client)
