@@ -90,7 +90,7 @@ def _names(text: str, path: Path) -> bool:
 
 
 # -- entry points ------------------------------------------------------------------------
-def run_info(path: Path, category: str) -> str:
+def run_info(path: Path, category: str, extra=()) -> str:
     """``ctuq info`` in this process (the file itself is read in a child)."""
     from ctuq.app.cli import main
 
@@ -98,7 +98,7 @@ def run_info(path: Path, category: str) -> str:
     out, err = io.StringIO(), io.StringIO()
     t0 = time.monotonic()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(["info", str(path), "--read-timeout", str(READ_LIMIT)])
+        rc = main(["info", str(path), "--read-timeout", str(READ_LIMIT), *extra])
     took = time.monotonic() - t0
     text = err.getvalue()
     if took > READ_LIMIT + 30:
@@ -453,3 +453,284 @@ def test_bad_settings(tmp_path_factory, doc):
 def test_bad_settings_slow(tmp_path_factory, doc):
     _settings_case(tmp_path_factory, doc)
 
+
+
+# == the hostile tester's categories ============================================================
+# Seeded generators of inputs; every input goes through the library reader in this process
+# (milliseconds), a sample through ctuq info (its own reading child, about a second each),
+# the napari reader, the batch and the real process. The slow run sends every input
+# through every entry point.
+def run_api(path: Path, category: str, **options) -> str:
+    """``ctuq.data.io.read_sinogram`` in this process: a Sinogram or an InputError naming
+    the file; the input's bytes unchanged."""
+    from ctuq.data.io import read_sinogram
+
+    before = _sha(path)
+    t0 = time.monotonic()
+    try:
+        read_sinogram(path, **options)
+        outcome, detail = "ok", ""
+    except InputError as err:
+        # the file named: the input, or its sidecar geometry (``<stem>.json``)
+        named = err.file and (_names(err.file, path) or Path(err.file).name in (
+            path.with_suffix(".json").name, path.name + ".json"))
+        outcome = "clear_error" if named else "traceback"
+        detail = str(err)
+    except Exception as exc:  # noqa: BLE001 - counted, then the assertion fails
+        outcome, detail = "traceback", repr(exc)
+    if time.monotonic() - t0 > READ_LIMIT:
+        outcome = "hang"
+    if _sha(path) != before:
+        outcome = "input_modified"
+    _record(category, outcome, detail)
+    return outcome
+
+
+def _entry_points(tmp_path_factory, out_dir, cases, category, *, info_every, napari_every,
+                  batch_every=0, info_args=()):
+    """Each ``(path, options)`` of ``cases`` through the library reader; every
+    ``info_every``-th through ``ctuq info``, and so on (0: never)."""
+    for i, (path, options) in enumerate(cases):
+        run_api(path, f"{category}: read_sinogram", **options)
+        if info_every and i % info_every == 0:
+            run_info(path, f"{category}: ctuq info", extra=info_args)
+        if napari_every and i % napari_every == 0 and not options:
+            run_napari_reader(path, f"{category}: napari reader")
+        if batch_every and i % batch_every == 0 and not options:
+            run_batch_case(path, f"{category}: ctuq reconstruct", out_dir)
+
+
+NA_F, ND_F, ROWS_F = 6, 9, 2
+
+
+def _raw_frames(rng, rows):
+    darks = rng.uniform(90, 110, (2, rows, ND_F))
+    flats = rng.uniform(900, 1100, (2, rows, ND_F))
+    proj = (flats.mean(0) - darks.mean(0)) * np.exp(-rng.uniform(0.1, 2, (NA_F, rows, ND_F))) \
+        + darks.mean(0)
+    return darks, flats, proj
+
+
+def make_flats_equal_darks(folder: Path, i: int):
+    """NXtomo and DXchange (the formats that carry flat and dark frames) with flats
+    equal to darks: everywhere, at some pixels, or in one frame pair."""
+    rng = np.random.default_rng(1000 + i)
+    fmt = ("nxtomo", "dxchange")[i % 2]
+    how = ("all", "pixels", "one pair", "mean")[(i // 2) % 4]
+    rows = (1, ROWS_F)[(i // 8) % 2]
+    darks, flats, proj = _raw_frames(rng, rows)
+    if how == "all":
+        flats = darks.copy()
+    elif how == "pixels":
+        m = rng.random(darks.shape[1:]) < 0.2
+        m.flat[int(rng.integers(m.size))] = True
+        flats[:, m] = darks[:, m]
+    elif how == "one pair":
+        flats[0] = darks[0]
+    else:                              # the frames differ but their means are equal
+        flats = darks[::-1].copy()
+    path = folder / f"fd{i}{'.nxs' if fmt == 'nxtomo' else '.h5'}"
+    with h5py.File(path, "w") as h:
+        if fmt == "nxtomo":
+            h["entry/instrument/detector/data"] = np.concatenate([darks, flats, proj])
+            h["entry/instrument/detector/image_key"] = np.array([2, 2, 1, 1] + [0] * NA_F,
+                                                                np.int8)
+            h["entry/sample/rotation_angle"] = np.r_[[0.0] * 4, np.arange(NA_F) * 30.0]
+            h["entry/sample/rotation_angle"].attrs["units"] = "degree"
+        else:
+            h["exchange/data"] = proj
+            h["exchange/data_white"] = flats
+            h["exchange/data_dark"] = darks
+            h["exchange/theta"] = np.arange(NA_F) * 30.0
+    return path, {}
+
+
+def make_string_angles(folder: Path, i: int):
+    """``rotation_angle`` (and its kin in the other formats) as text."""
+    rng = np.random.default_rng(2000 + i)
+    sino = rng.uniform(0.1, 2, (NA_F, ND_F)).astype(np.float32)
+    texts = [np.array([str(30 * k).encode() for k in range(NA_F)]),           # bytes array
+             np.array([str(30 * k) for k in range(NA_F)], dtype=h5py.string_dtype()),
+             "0, 30, 60, 90, 120, 150",                                       # one string
+             np.array([f"{30 * k} deg" for k in range(NA_F)], dtype=h5py.string_dtype()),
+             "nan", ""]
+    value = texts[i % len(texts)]
+    fmt = ("nxtomo", "dxchange", "hdf5", "npz", "sidecar")[(i // len(texts)) % 5]
+    if fmt == "nxtomo":
+        path = folder / f"sa{i}.nxs"
+        with h5py.File(path, "w") as h:
+            h["entry/instrument/detector/data"] = sino
+            h["entry/sample/rotation_angle"] = value
+            h["entry/sample/rotation_angle"].attrs["units"] = "degree"
+    elif fmt == "dxchange":
+        path = folder / f"sa{i}.h5"
+        with h5py.File(path, "w") as h:
+            h["exchange/data"] = sino[:, None, :]
+            h["exchange/theta"] = value
+    elif fmt == "hdf5":
+        path = folder / f"sa{i}.h5"
+        with h5py.File(path, "w") as h:
+            h["sino"] = sino
+            h["sino"].attrs["angles_deg"] = value
+    elif fmt == "npz":
+        path = folder / f"sa{i}.npz"
+        v = value if isinstance(value, str) else np.asarray(value).astype(str)
+        np.savez(path, sinogram=sino, angles_deg=np.asarray(v))
+    else:
+        path = folder / f"sa{i}.npy"
+        np.save(path, sino)
+        v = value if isinstance(value, str) else [str(x) for x in np.asarray(value).astype(str)]
+        (folder / f"sa{i}.json").write_text(json.dumps({"angles_deg": v}))
+    return path, {}
+
+
+def make_links(folder: Path, i: int):
+    """External links, soft-link loops, dangling links and group cycles (hard links)."""
+    rng = np.random.default_rng(3000 + i)
+    sino = rng.uniform(0.1, 2, (NA_F, ND_F)).astype(np.float32)
+    how = ("external data", "external missing file", "external angles", "soft loop",
+           "soft self", "dangling soft", "group cycle", "group cycle plain", "deep soft chain",
+           "soft loop beside", "external allowed")[i % 11]
+    path = folder / f"ln{i}.nxs"
+    other = folder / f"other{i}.h5"
+    with h5py.File(other, "w") as o:
+        o["d"] = sino
+        o["a"] = np.arange(NA_F) * 30.0
+    D, A = "entry/instrument/detector/data", "entry/sample/rotation_angle"
+    with h5py.File(path, "w") as h:
+        if how == "group cycle plain":
+            h["g/sino"] = sino
+            h["g/sino"].attrs["angles_deg"] = np.arange(NA_F) * 30.0
+            h["g/inner/back"] = h["g"]
+            return path, {}
+        h[D] = sino
+        h[A] = np.arange(NA_F) * 30.0
+        h[A].attrs["units"] = "degree"
+        det = h["entry/instrument/detector"]
+        if how in ("external data", "external allowed"):
+            del h[D]
+            h[D] = h5py.ExternalLink(other.name, "/d")
+        elif how == "external missing file":
+            del h[D]
+            h[D] = h5py.ExternalLink("no_such_file.h5", "/d")
+        elif how == "external angles":
+            del h[A]
+            h[A] = h5py.ExternalLink(other.name, "/a")
+        elif how == "soft loop":
+            del h[D]
+            det["a"] = h5py.SoftLink("/entry/instrument/detector/b")
+            det["b"] = h5py.SoftLink("/entry/instrument/detector/a")
+            h[D] = h5py.SoftLink("/entry/instrument/detector/a")
+        elif how == "soft self":
+            del h[D]
+            h[D] = h5py.SoftLink("/" + D)
+        elif how == "dangling soft":
+            del h[D]
+            h[D] = h5py.SoftLink("/entry/nowhere")
+        elif how == "group cycle":
+            h["entry/instrument/loop"] = h["entry"]
+            h["entry/loop2"] = h["/"]
+        elif how == "deep soft chain":
+            det["l0"] = h5py.SoftLink("/" + D)
+            for k in range(1, 60):
+                det[f"l{k}"] = h5py.SoftLink(f"/entry/instrument/detector/l{k - 1}")
+        elif how == "soft loop beside":
+            h["extra/a"] = h5py.SoftLink("/extra/b")
+            h["extra/b"] = h5py.SoftLink("/extra/a")
+    return path, ({"allow_external": True} if how == "external allowed" else {})
+
+
+def make_big_chunks(folder: Path, i: int):
+    """A small dataset declared with chunks far larger than itself (compressed, so the
+    file stays small; one chunk must be unpacked whole to read any value)."""
+    rng = np.random.default_rng(4000 + i)
+    sino = rng.uniform(0.1, 2, (NA_F, ND_F)).astype(np.float32)
+    chunks = [(2048, 2048), (1, 2**22), (4096, 1024), (512, 512)][i % 4]
+    fmt = ("nxtomo", "hdf5")[(i // 4) % 2]
+    path = folder / f"ch{i}{'.nxs' if fmt == 'nxtomo' else '.h5'}"
+    with h5py.File(path, "w") as h:
+        name = "entry/instrument/detector/data" if fmt == "nxtomo" else "sino"
+        ds = h.create_dataset(name, shape=sino.shape, maxshape=(None, None), chunks=chunks,
+                              dtype="f4", compression="gzip")
+        ds[...] = sino
+        if fmt == "nxtomo":
+            h["entry/sample/rotation_angle"] = np.arange(NA_F) * 30.0
+            h["entry/sample/rotation_angle"].attrs["units"] = "degree"
+        else:
+            ds.attrs["angles_deg"] = np.arange(NA_F) * 30.0
+    # 10 MiB: the 16-32 MiB chunks are over the budget, the 1 MiB one under it
+    return path, {"max_memory_gib": 0.01}
+
+
+def make_odd_dtypes(folder: Path, i: int):
+    """Complex, boolean and half-precision data in every format."""
+    rng = np.random.default_rng(5000 + i)
+    dtype = (np.complex64, np.complex128, np.bool_, np.float16)[i % 4]
+    fmt = ("npy", "npz", "hdf5", "nxtomo", "dxchange", "tiff")[(i // 4) % 6]
+    sino = rng.uniform(0.1, 2, (NA_F, ND_F))
+    data = (sino > 1) if dtype is np.bool_ else (sino + 1j * sino if dtype in
+                                                 (np.complex64, np.complex128) else sino)
+    data = np.asarray(data, dtype=dtype)
+    angles = np.arange(NA_F) * 30.0
+    options: dict = {}
+    if fmt == "npy":
+        path = folder / f"dt{i}.npy"
+        np.save(path, data)
+        options = {"angles": angles}
+    elif fmt == "npz":
+        path = folder / f"dt{i}.npz"
+        np.savez(path, sinogram=data, angles_deg=angles)
+    elif fmt == "tiff":
+        import tifffile
+
+        path = folder / f"dt{i}.tif"
+        tifffile.imwrite(path, data)
+        options = {"angles": angles}
+    else:
+        path = folder / f"dt{i}{'.nxs' if fmt == 'nxtomo' else '.h5'}"
+        with h5py.File(path, "w") as h:
+            if fmt == "nxtomo":
+                h["entry/instrument/detector/data"] = data
+                h["entry/sample/rotation_angle"] = angles
+                h["entry/sample/rotation_angle"].attrs["units"] = "degree"
+            elif fmt == "dxchange":
+                h["exchange/data"] = data[:, None, :]
+                h["exchange/theta"] = angles
+            else:
+                h["sino"] = data
+                h["sino"].attrs["angles_deg"] = angles
+    return path, options
+
+
+GENERATED = {"flats equal to darks": make_flats_equal_darks,
+             "string rotation_angle": make_string_angles,
+             "HDF5 links (external, soft loops, group cycles)": make_links,
+             "gigantic chunk shape": make_big_chunks,
+             "complex, bool, float16 data": make_odd_dtypes}
+#: Inputs per category: (default suite, slow run).
+GENERATED_N = {"flats equal to darks": (16, 64), "string rotation_angle": (30, 90),
+               "HDF5 links (external, soft loops, group cycles)": (22, 66),
+               "gigantic chunk shape": (8, 24), "complex, bool, float16 data": (24, 72)}
+
+
+def _generated(tmp_path_factory, out_dir, category, slow: bool):
+    folder = tmp_path_factory.mktemp("gen")
+    n = GENERATED_N[category][1 if slow else 0]
+    cases = [GENERATED[category](folder, i) for i in range(n)]
+    chunks = category == "gigantic chunk shape"
+    _entry_points(tmp_path_factory, out_dir, cases, category,
+                  info_every=1 if slow else 6, napari_every=(0 if chunks else 1) if slow else 0,
+                  batch_every=(0 if chunks else 5) if slow else 0,
+                  info_args=("--max-memory-gib", "0.01") if chunks else ())
+
+
+@pytest.mark.parametrize("category", sorted(GENERATED))
+def test_generated_inputs(tmp_path_factory, out_dir, category):
+    _generated(tmp_path_factory, out_dir, category, slow=False)
+
+
+@pytest.mark.slow
+@LONG
+@pytest.mark.parametrize("category", sorted(GENERATED))
+def test_generated_inputs_slow(tmp_path_factory, out_dir, category):
+    _generated(tmp_path_factory, out_dir, category, slow=True)
