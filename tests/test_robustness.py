@@ -565,3 +565,52 @@ def test_a_constant_sinogram_file_fails_naming_file_and_field(tmp_path):
     assert o.status == "failed" and o.seconds < 30
     assert "blank.nxs" in o.error and "sinogram" in o.error and "constant" in o.error
     assert not (tmp_path / "out" / "blank.ctuq.h5").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 200 kB tmpfs (root only; skipped where it cannot be mounted)."""
+    d = tmp_path / "small_disk"
+    d.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(d)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {p.stderr.strip() or p.returncode}")
+    try:
+        yield d
+    finally:
+        if subprocess.run(["umount", str(d)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def test_a_disk_that_fills_during_the_write_is_one_clear_error(small_disk):
+    """A result larger than the free space: HDF5's own write failed half-way, the
+    writer raised a raw OSError ("internal error" in a batch), h5py printed
+    'Exception ignored' tracebacks, and the interpreter crashed (SIGSEGV) at exit
+    flushing the dead file. Now: one InputError naming the file, nothing left behind,
+    the files already there intact, a clean exit."""
+    (small_disk / "keep.txt").write_text("a user's file")
+    code = f"""
+import numpy as np
+from ctuq.data.geometry import Geometry
+from ctuq.data.io import Result, Sinogram, write_result, write_sinogram
+from ctuq.errors import InputError
+rng = np.random.default_rng(0)
+g = Geometry.parallel(128, 400)               # about 300 kB of data
+for name, write in (("r.h5", lambda p: write_result(p, Result(rng.random((96, 96)),
+                                                                rng.random((96, 96)),
+                                                                samples=rng.random((4, 96, 96))))),
+                    ("s.nxs", lambda p: write_sinogram(p, Sinogram(rng.random(g.range_shape), g)))):
+    try:
+        write({str(small_disk)!r} + "/" + name)
+        print("written", name)
+    except InputError as err:
+        print("refused", err.field, name in str(err), "No space left" in str(err))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr[-2000:]
+    assert p.stdout.splitlines() == ["refused output True True"] * 2, p.stdout
+    assert sorted(q.name for q in small_disk.iterdir()) == ["keep.txt"]
+    assert (small_disk / "keep.txt").read_text() == "a user's file"

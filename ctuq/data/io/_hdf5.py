@@ -124,6 +124,27 @@ def _check_storage(ds, *, file, field: str) -> None:
                          "allow_external is set (--allow-external)", file=file, field=field)
 
 
+@contextlib.contextmanager
+def new_file(path) -> Iterator[Any]:
+    """A new HDF5 file built in memory and written to ``path`` in one go once complete.
+
+    The HDF5 library never writes to the disk itself: a full disk (or quota,
+    or I/O error) is then an ``OSError`` of one plain ``write`` that leaves
+    the library untouched. Written directly, a failed write leaves HDF5 with
+    a file it can neither flush nor close, which it retries (and crashes on)
+    when the interpreter exits. The image costs memory once more the file's
+    size (result files are megabytes).
+    """
+    import io
+
+    require_h5py()
+    buf = io.BytesIO()
+    with h5py.File(buf, "w") as f:
+        yield f
+    with open(path, "wb") as fh:
+        fh.write(buf.getbuffer())
+
+
 def _check_chunks(ds, dtype, *, file, field: str) -> None:
     """Refuse a chunk shape whose one chunk does not fit the memory budget.
 

@@ -243,7 +243,7 @@ def write_sinogram(path, sinogram: Sinogram, *, overwrite: bool = False) -> Path
     meta_json = dumps(meta, field="meta", file=path)
     H.require_h5py()
     with atomic_output(path, overwrite=overwrite, protect=[sinogram.meta.get("source")]) as tmp:
-        with H.h5py.File(tmp, "w") as f:
+        with H.new_file(tmp) as f:
             _write(f, sinogram, meta, meta_json)
     return Path(os.fspath(path))
 

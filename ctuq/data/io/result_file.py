@@ -211,7 +211,7 @@ def write_fields(path, result, *, overwrite: bool = False) -> Path:
     trace = to_jsonable(result.em_trace, field="em_trace", file=path)
     H.require_h5py()
     with atomic_output(path, overwrite=overwrite, protect=[result.input_path]) as tmp:
-        with H.h5py.File(tmp, "w") as f:
+        with H.new_file(tmp) as f:
             _write(f, result, texts, config, hyper, trace)
     return Path(os.fspath(path))
 
