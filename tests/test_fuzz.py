@@ -734,3 +734,296 @@ def test_generated_inputs(tmp_path_factory, out_dir, category):
 @pytest.mark.parametrize("category", sorted(GENERATED))
 def test_generated_inputs_slow(tmp_path_factory, out_dir, category):
     _generated(tmp_path_factory, out_dir, category, slow=True)
+
+
+# -- a disk that fills during the write ---------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 200 kB tmpfs (root only; skipped where it cannot be mounted)."""
+    d = tmp_path / "small_disk"
+    d.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(d)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {p.stderr.strip() or p.returncode}")
+    try:
+        yield d
+    finally:
+        if subprocess.run(["umount", str(d)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def _disk_case(disk: Path, i: int, category: str, out_dir: Path | None) -> None:
+    """Fill the disk to some level, then write a result, a sinogram, ``ctuq simulate``'s
+    file or (with ``out_dir``) a whole batch into it: written whole, or one clear error
+    with nothing left behind and the files already there intact."""
+    from ctuq.app.cli import main
+    from ctuq.data.geometry import Geometry
+    from ctuq.data.io import Result, Sinogram, read_result, read_sinogram, write_result, \
+        write_sinogram
+
+    rng = np.random.default_rng(6000 + i)
+    for p in disk.iterdir():
+        p.unlink()
+    filler = disk / "user file"
+    filler.write_bytes(rng.bytes(int(rng.integers(0, 190)) * 1024))
+    before = {p.name: _sha(p) for p in disk.iterdir()}
+    kind = ("result", "sinogram", "simulate", "batch")[i % 4 if out_dir else i % 3]
+    n = int(rng.integers(8, 120))
+    target = disk / f"out{i}.h5"
+    outcome, detail = "ok", ""
+    try:
+        if kind == "result":
+            r = Result(rng.random((n, n)), rng.random((n, n)), samples=rng.random((2, n, n)))
+            write_result(target, r)
+            assert read_result(target) == r
+        elif kind == "sinogram":
+            g = Geometry.parallel(n, int(rng.integers(4, 200)))
+            write_sinogram(target, Sinogram(rng.random(g.range_shape), g))
+            read_sinogram(target)
+        elif kind == "simulate":
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                rc = main(["simulate", str(target), "--size", str(n), "--angles",
+                           str(int(rng.integers(4, 200)))])
+            detail = err.getvalue()
+            if rc == 2 and detail.startswith("error:") and "Traceback" not in detail:
+                outcome = "clear_error"
+            elif rc != 0:
+                outcome = "traceback"
+            else:
+                read_sinogram(target)
+        else:   # a batch whose result lands on the full disk
+            from ctuq.app.batch import run_batch
+
+            sino = out_dir / "disk_input.h5"
+            if not sino.exists():
+                assert main(["simulate", str(sino), "--size", "28", "--angles", "20"]) == 0
+            target = disk / "disk_input.ctuq.h5"
+            [o] = run_batch([sino], disk, TINY)
+            detail = o.error or ""
+            outcome = "ok" if o.status == "done" else (
+                "clear_error" if "internal error" not in detail else "traceback")
+            if o.status == "done":
+                read_result(target)
+    except InputError as err:
+        outcome, detail = ("clear_error" if err.file and _names(err.file, target)
+                           else "traceback"), str(err)
+    except Exception as exc:  # noqa: BLE001
+        outcome, detail = "traceback", repr(exc)
+    after = {p.name: _sha(p) for p in disk.iterdir()}
+    left = set(after) - set(before) - ({target.name} if outcome == "ok" else set())
+    if any(after.get(k) != v for k, v in before.items()):
+        outcome = "input_modified"
+    elif left:
+        outcome, detail = "output_lost", f"left behind: {sorted(left)}"   # a partial output
+    _record(category, outcome, detail)
+
+
+def test_disk_fills_during_the_write(small_disk):
+    for i in range(9):
+        _disk_case(small_disk, i, "disk fills during the write", None)
+
+
+@pytest.mark.slow
+@LONG
+def test_disk_fills_during_the_write_slow(small_disk, out_dir):
+    for i in range(12, 72):
+        _disk_case(small_disk, i, "disk fills during the write", out_dir if i % 15 == 0 else None)
+
+
+# -- odd file names -------------------------------------------------------------------------------
+ODD_NAMES = ["with space.nxs", "ünïcødé σ 数据.nxs", "new\nline.nxs", "-dash.nxs",
+             "--looks-like-a-flag.nxs", "[/x] markup :x:.nxs", "tab\there.nxs", "'quote\".nxs",
+             " leading space.nxs", "x" * 200 + ".nxs"]
+
+
+def _odd_name_cases(tmp_path_factory, out_dir, names, slow: bool):
+    from ctuq.app.cli import main
+    from ctuq.data.geometry import Geometry
+    from ctuq.data.io import Sinogram, write_sinogram
+
+    folder = tmp_path_factory.mktemp("names")
+    g = Geometry.parallel(28, 20)
+    rng = np.random.default_rng(7)
+    paths = []
+    for name in names:
+        p = folder / name
+        write_sinogram(p, Sinogram(rng.uniform(0, 1, g.range_shape), g, {"noise_std": 0.05}))
+        paths.append(p)
+        run_api(p, "odd file names: read_sinogram")
+        run_info(p, "odd file names: ctuq info")
+        if slow or len(paths) == 1:
+            run_napari_reader(p, "odd file names: napari reader")
+    # the real process, given the names as a shell user would (relative; after '--')
+    for p in (paths if slow else paths[3:4]):
+        before = _sha(p)
+        args = (["info", "--", p.name] if p.name.startswith("-") else ["info", p.name])
+        proc = subprocess.run([sys.executable, "-m", "ctuq.app.cli", *args], cwd=folder,
+                              capture_output=True, text=True, timeout=READ_LIMIT + 60)
+        outcome = ("crash" if proc.returncode < 0 else "input_modified" if _sha(p) != before
+                   else "ok" if proc.returncode == 0 else
+                   "clear_error" if proc.returncode == 2 and "Traceback" not in proc.stderr
+                   else "traceback")
+        _record("odd file names: ctuq process", outcome, proc.stderr)
+    # one batch over all of them: the results are named after each, the table prints
+    if slow:
+        t0 = time.monotonic()
+        out = tmp_path_factory.mktemp("names_out")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as so:
+            rc = main(["reconstruct", *map(str, paths), "--out", str(out),
+                       "--config", str(_tiny_toml(folder))])
+        from ctuq.app.batch import output_path
+        from ctuq.data.io import read_result
+
+        for p in paths:
+            ok = rc == 0 and (out / output_path(p, out).name).is_file()
+            if ok:
+                read_result(output_path(p, out))
+            _record("odd file names: ctuq reconstruct",
+                    "ok" if ok else ("hang" if time.monotonic() - t0 > CASE_LIMIT * len(paths)
+                                     else "traceback"), err.getvalue() + so.getvalue())
+
+
+def _tiny_toml(folder: Path) -> Path:
+    path = folder.parent / "tiny_fuzz.toml"
+    u = TINY["uncertainty"]
+    path.write_text(f'preset = "reference-28"\nthreads = 1\n[dip]\niterations = '
+                    f'{TINY["dip"]["iterations"]}\n[uncertainty]\n'
+                    + "".join(f"{k} = {str(v).lower()}\n" for k, v in u.items()))
+    return path
+
+
+def test_odd_file_names(tmp_path_factory, out_dir):
+    _odd_name_cases(tmp_path_factory, out_dir, ODD_NAMES[:4], slow=False)
+
+
+@pytest.mark.slow
+@LONG
+def test_odd_file_names_slow(tmp_path_factory, out_dir):
+    _odd_name_cases(tmp_path_factory, out_dir, ODD_NAMES, slow=True)
+
+
+# -- files the batch writes that are inputs; the scheduler ----------------------------------------
+def _usage_error_case(category: str, argv: list, inputs: list[Path], out: Path,
+                      limit: float = 15.0) -> None:
+    """``ctuq reconstruct`` refused before any work: exit 2, one error line, inputs
+    unchanged, nothing created, within ``limit`` seconds."""
+    from ctuq.app.cli import main
+
+    before = {p: _sha(p) for p in inputs}
+    existed = out.exists() and sorted(q.name for q in out.iterdir())
+    err = io.StringIO()
+    t0 = time.monotonic()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["reconstruct", *map(str, argv)])
+    took = time.monotonic() - t0
+    text = err.getvalue()
+    if took > limit:
+        outcome = "hang"
+    elif any(_sha(p) != d for p, d in before.items()):
+        outcome = "input_modified"
+    elif (sorted(q.name for q in out.iterdir()) if out.exists() else False) != existed:
+        outcome = "output_lost"
+    elif rc == 2 and text.startswith("error:") and "internal error" not in text \
+            and "Traceback" not in text:
+        outcome = "clear_error"
+    else:
+        outcome = "traceback"
+    _record(category, outcome, f"rc {rc}: {text}")
+
+
+@pytest.fixture(scope="module")
+def two_scans(tmp_path_factory):
+    from ctuq.app.cli import main
+
+    d = tmp_path_factory.mktemp("scans")
+    for name in ("a.nxs", "b.h5"):
+        assert main(["simulate", str(d / name), "--size", "16", "--angles", "8"]) == 0
+    return d
+
+
+def _cli_passes_summary_json() -> bool:
+    import inspect
+
+    from ctuq.app import cli
+
+    return "also_writes" in inspect.getsource(cli.reconstruct)
+
+
+def test_files_written_onto_inputs_are_refused(tmp_path, two_scans):
+    """An output, the lock or the summary JSON that is an input (by name, symlink or
+    hardlink): refused before any work, the input intact."""
+    import shutil
+
+    a, b = two_scans / "a.nxs", two_scans / "b.h5"
+    cases = []
+    for i, how in enumerate(("copy", "symlink", "hardlink")):
+        out = tmp_path / f"out{i}"
+        out.mkdir()
+        victim = out / "a.ctuq.h5"                   # a's output is the second input
+        if how == "copy":
+            shutil.copy(b, victim)
+            second = victim
+        else:
+            second = tmp_path / f"b{i}.h5"
+            shutil.copy(b, second)
+            (os.symlink if how == "symlink" else os.link)(second, victim)
+        cases.append(("an output that is an input", [a, second, "--out", out, "--overwrite"],
+                      [a, second, victim], out))
+    lock_out = tmp_path / "lock_out"
+    lock_out.mkdir()
+    shutil.copy(b, lock_out / ".ctuq-batch.lock")
+    cases.append(("an output that is an input", [a, lock_out / ".ctuq-batch.lock", "--out",
+                                                 lock_out], [lock_out / ".ctuq-batch.lock"],
+                  lock_out))
+    if _cli_passes_summary_json():
+        for target in (a, b):
+            cases.append(("--summary-json onto an input",
+                          [a, b, "--out", tmp_path / "s_out", "--summary-json", target],
+                          [a, b], tmp_path / "s_out"))
+    for category, argv, inputs, out in cases:
+        _usage_error_case(category, argv, inputs, out)
+    # the library call the CLI makes, with the summary's path
+    from ctuq.app.batch import run_batch
+
+    for target in (a, b):
+        before = _sha(target)
+        try:
+            run_batch([a, b], tmp_path / "api_out", TINY, also_writes=[target])
+            outcome = "traceback"                    # it ran: the summary would overwrite
+        except InputError as err:
+            outcome = "clear_error" if "summary" in str(err) else "traceback"
+        if _sha(target) != before:
+            outcome = "input_modified"
+        _record("--summary-json onto an input", outcome)
+    assert not (tmp_path / "api_out").exists()
+
+
+@pytest.mark.skipif(not _cli_passes_summary_json(),
+                    reason="ctuq/app/cli.py does not pass --summary-json to run_batch "
+                           "(also_writes=[summary_json]) yet")
+def test_summary_json_onto_an_input_through_the_cli(tmp_path, two_scans):
+    a = two_scans / "a.nxs"
+    _usage_error_case("--summary-json onto an input",
+                      [a, "--out", tmp_path / "o", "--summary-json", a], [a], tmp_path / "o")
+
+
+SCHEDULERS = ["tcp://127.0.0.1:{free}", "127.0.0.1:{free}", "nonsense", "tcp://", "tcp://host",
+              "tcp://127.0.0.1:99999", "tls://127.0.0.1:{free}", "tcp://[::1]:{free}",
+              "tcp://no-such-host.invalid:8786", " ", "ucx://127.0.0.1:{free}"]
+
+
+def test_unreachable_scheduler(tmp_path, two_scans):
+    """Each a usage error within seconds, nothing computed, no output folder made."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    a = two_scans / "a.nxs"
+    for i, address in enumerate(SCHEDULERS):
+        out = tmp_path / f"o{i}"
+        _usage_error_case("unreachable --scheduler",
+                          [a, "--out", out, "--scheduler", address.format(free=free)], [a], out)

@@ -180,6 +180,7 @@ def check_scheduler(address: str, timeout: float = SCHEDULER_CONNECT_TIMEOUT) ->
     try:
         scheme, location = parse_address(address.strip())
         if scheme not in ("tcp", "tls"):
+            _check_comm_backend(scheme, address)
             return
         host, port = parse_host_port(location)
     except (ValueError, TypeError) as err:
@@ -192,6 +193,18 @@ def check_scheduler(address: str, timeout: float = SCHEDULER_CONNECT_TIMEOUT) ->
         why = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
         raise InputError(f"cannot reach the Dask scheduler at {address} ({why}); is it "
                          "running, and is the address right?", field="--scheduler") from None
+
+
+def _check_comm_backend(scheme: str, address: str) -> None:
+    """Refuse a scheme whose Dask communication backend is missing or unusable here."""
+    from distributed.comm.registry import get_backend
+
+    try:
+        get_backend(scheme).get_connector()
+    except Exception as err:  # noqa: BLE001 - unknown scheme, missing or broken package
+        raise InputError(f"cannot use {address!r}: Dask's {scheme!r} communication is not "
+                         f"available here ({type(err).__name__}: {str(err)[:160]})",
+                         field="--scheduler") from None
 
 
 # -- the folder lock -------------------------------------------------------------------
