@@ -9,6 +9,12 @@ recomputes it. Nothing is ever deleted except the provably stale temporaries
 of earlier ctuq writes (:func:`ctuq.data.io.remove_stale_temporaries`: their
 own name pattern and an unlocked lock file), and never an input.
 
+Before any work the batch is planned (:func:`plan_outputs`): an input that
+does not exist is a usage error, and so is a file the run would write (an
+output, the lock, the summary JSON) that is one of the inputs, by path or
+through a link; a ``scheduler`` address is checked the same way
+(:func:`check_scheduler`).
+
 One batch at a time per output folder: a run holds an exclusive lock on
 ``OUT/.ctuq-batch.lock``; a second run into the same folder is refused with a
 message naming the first (its PID and host).
