@@ -114,6 +114,7 @@ def test_1_cleanup_deletes_only_its_own_stale_temporaries(tmp_path):
 def test_1_concurrent_run_into_one_folder_is_refused(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
+    (tmp_path / "a.h5").write_bytes(b"x")
     with folder_lock(out, "first"):
         with pytest.raises(InputError, match="another ctuq reconstruct") as ei:
             run_batch([tmp_path / "a.h5"], out, TINY)
@@ -453,9 +454,9 @@ def test_8_long_names_fail_before_the_work_or_work(tmp_path):
 def test_8_symlink_loop_is_a_clear_error(tmp_path):
     loop = tmp_path / "loop.h5"
     os.symlink(loop, loop)
-    res = run_batch([loop], tmp_path / "out", TINY)
-    assert res[0].status == "failed" and "internal error" not in res[0].error
-    assert "symbolic links" in res[0].error or "cannot access" in res[0].error
+    with pytest.raises(InputError, match="loop of symbolic links") as ei:  # a usage error
+        run_batch([loop], tmp_path / "out", TINY)
+    assert ei.value.file == str(loop) and not (tmp_path / "out").exists()
 
 
 def test_8_a_retried_task_reports_done_not_skipped(tmp_path):
@@ -614,3 +615,19 @@ for name, write in (("r.h5", lambda p: write_result(p, Result(rng.random((96, 96
     assert p.stdout.splitlines() == ["refused output True True"] * 2, p.stdout
     assert sorted(q.name for q in small_disk.iterdir()) == ["keep.txt"]
     assert (small_disk / "keep.txt").read_text() == "a user's file"
+
+
+def test_a_gigantic_chunk_shape_is_checked_against_the_budget(tmp_path):
+    """HDF5 unpacks a whole chunk to read any value: 6 x 9 values declared with
+    2048² chunks need 32 MiB, which the declared shape alone did not show."""
+    path = tmp_path / "chunky.h5"
+    with h5py.File(path, "w") as h:
+        ds = h.create_dataset("sino", shape=(6, 9), maxshape=(None, None), chunks=(2048, 2048),
+                              dtype="f4", compression="gzip")
+        ds[...] = np.random.default_rng(0).random((6, 9))
+        ds.attrs["angles_deg"] = np.arange(6) * 30.0
+    assert path.stat().st_size < 200_000
+    with pytest.raises(InputError, match="chunks of shape") as ei:
+        read_sinogram(path, max_memory_gib=0.01)
+    assert ei.value.field == "/sino" and ei.value.file == str(path)
+    assert read_sinogram(path, max_memory_gib=1).data.shape == (6, 9)   # within the budget

@@ -34,11 +34,13 @@ the CLI shows the same bars as a serial run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import logging
 import os
 import secrets
+import stat
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -87,8 +89,16 @@ def output_path(input_path, out_dir) -> Path:
 
 def _check_input_exists(inp: Path) -> None:
     """A path that names no file is a usage error, before any work (not a failed row)."""
-    if os.path.exists(inp):
-        if os.path.isdir(inp):
+    try:
+        st = os.stat(inp)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise InputError("is a loop of symbolic links", file=inp, field="input") from None
+        if err.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise InputError(f"cannot be accessed ({err.strerror or err})", file=inp,
+                             field="input") from None
+    else:
+        if stat.S_ISDIR(st.st_mode):
             raise InputError("is a folder, not a sinogram file (give the files in it, e.g. "
                              f"{os.path.join(str(inp), '*.h5')})", file=inp, field="input")
         return
