@@ -72,7 +72,7 @@ def _wait_for(predicate, timeout: float, what: str, logs=()):
     raise AssertionError(f"{what} within {timeout} s\n{text}")
 
 
-@pytest.mark.slow  # about 100 s on a loaded 2-core machine
+@pytest.mark.slow  # 25 s idle, up to 2.5 min on a loaded 2-core machine
 def test_a_batch_on_a_real_scheduler_survives_a_killed_worker(tmp_path):
     t_start = time.monotonic()
     for seed in range(3):
