@@ -5,7 +5,10 @@ A settings dataclass declares each field with :func:`setting`, which stores a
 metadata, and calls :func:`validate` in ``__post_init__``. Every value then
 passes the same checks whether it came from a TOML file, a command-line flag,
 a keyword argument or a napari form: exact types (``True`` is not a number,
-``"10"`` is not an integer), finiteness, ranges, known choices; an error is an
+``"10"`` is not an integer), finiteness, ranges, known choices, and for every
+float a magnitude that single precision can hold once squared
+(:data:`FLOAT32_SQUARE_SAFE`: settings end in float32 tensors, and standard
+deviations are squared into variances); an error is an
 :class:`~ctuq.errors.InputError` naming the key (``dip.iterations``). The
 specs are plain data, so CLI options and forms can be generated from them
 (:func:`specs`).
@@ -38,6 +41,13 @@ from ctuq.errors import InputError
 _MISSING = dataclasses.MISSING
 _KEY = "ctuq"
 
+_F32 = np.finfo(np.float32)
+#: The nonzero magnitudes a float setting may have by default, ``(1.08e-19, 1.84e19)``:
+#: the square roots of float32's smallest normal and largest number, so that the
+#: value and its square are normal float32 numbers (``noise_std = 1e30`` would
+#: overflow as a variance, ``1e-300`` underflow to a variance of 0).
+FLOAT32_SQUARE_SAFE = (float(np.sqrt(_F32.tiny)), float(np.sqrt(_F32.max)))
+
 
 @dataclass(frozen=True)
 class Spec:
@@ -67,6 +77,10 @@ class Spec:
     check : callable, optional
         Extra check ``check(value) -> value`` raising ``ValueError`` with a
         message.
+    finite_range : (float, float) or None
+        Smallest and largest nonzero magnitude of a ``float`` setting (and of
+        the float items of a list); zero is governed by the bounds above.
+        Default :data:`FLOAT32_SQUARE_SAFE`; None: any finite float64.
     """
 
     kind: type
@@ -80,11 +94,13 @@ class Spec:
     item: type | None = None
     pair: bool = False
     check: Callable | None = None
+    finite_range: tuple | None = FLOAT32_SQUARE_SAFE
 
 
 def setting(default=_MISSING, *, kind: type, doc: str = "", optional: bool | None = None,
             minimum=None, maximum=None, greater_than=None, choices=None, unit=None,
-            item=None, pair: bool = False, check=None, default_factory=_MISSING):
+            item=None, pair: bool = False, check=None, default_factory=_MISSING,
+            finite_range=FLOAT32_SQUARE_SAFE):
     """A dataclass field carrying a :class:`Spec`.
 
     ``optional`` defaults to True when the default is None.
@@ -93,7 +109,8 @@ def setting(default=_MISSING, *, kind: type, doc: str = "", optional: bool | Non
         optional = default is None
     spec = Spec(kind=kind, doc=doc, optional=optional, minimum=minimum, maximum=maximum,
                 greater_than=greater_than, choices=None if choices is None else tuple(choices),
-                unit=unit, item=item, pair=pair, check=check)
+                unit=unit, item=item, pair=pair, check=check,
+                finite_range=None if finite_range is None else tuple(finite_range))
     kwargs: dict[str, Any] = {"metadata": {_KEY: spec}}
     if default_factory is not _MISSING:
         kwargs["default_factory"] = default_factory
@@ -144,7 +161,21 @@ def _number(v, spec: Spec, name: str, *, integer: bool):
         raise InputError(f"must be >= {spec.minimum:g}, got {_show(v)}", field=name)
     if spec.maximum is not None and v > spec.maximum:
         raise InputError(f"must be <= {spec.maximum:g}, got {_show(v)}", field=name)
+    if not integer and spec.finite_range is not None and v != 0:
+        lo, hi = spec.finite_range
+        if abs(v) > hi:
+            raise InputError(f"must be at most {hi:.3g} in magnitude (larger values overflow "
+                             f"in single precision once squared), got {_show(v)}", field=name)
+        if abs(v) < lo:
+            raise InputError(f"must be {'0 or ' if _zero_allowed(spec) else ''}at least "
+                             f"{lo:.3g} in magnitude (smaller values underflow to 0 in single "
+                             f"precision once squared), got {_show(v)}", field=name)
     return v
+
+
+def _zero_allowed(spec: Spec) -> bool:
+    return (spec.greater_than is None or spec.greater_than < 0) and \
+        (spec.minimum is None or spec.minimum <= 0) and (spec.maximum is None or spec.maximum >= 0)
 
 
 def check_value(value, spec: Spec, name: str):

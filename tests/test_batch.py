@@ -1,10 +1,13 @@
 """End-to-end CLI and batch tests on tiny inputs (28², a few iterations)."""
 
+import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,8 +100,75 @@ def test_second_run_skips_complete_outputs_and_seed_reproduces(inputs, tmp_path)
 def test_two_inputs_with_one_output_name(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "x.h5").write_bytes(b"x")
+    (tmp_path / "b" / "x.npy").write_bytes(b"x")
     with pytest.raises(InputError, match="both be written"):
         plan_outputs([tmp_path / "a" / "x.h5", tmp_path / "b" / "x.npy"], tmp_path)
+
+
+def _sha(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    """stderr unwrapped, so that one error is one line."""
+    from ctuq.app._cli_output import err_console
+
+    monkeypatch.setattr(err_console, "width", 10_000)
+
+
+def _one_error_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("how", ["same path", "symlink", "hardlink"])
+def test_an_output_that_is_an_input_is_refused_before_any_work(inputs, tmp_path, capsys, wide, how):
+    """The output planned for digit0 is (a link to) the user's other sinogram: refused,
+    exit 2, naming both, before anything is written; the sinogram keeps its bytes."""
+    root, paths = inputs
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = out / "digit0.ctuq.h5"                   # where digit0's result would go
+    if how == "same path":                            # a sinogram saved under that name
+        shutil.copy(paths[1], victim)
+        other = victim
+    else:
+        other = tmp_path / "elsewhere.h5"
+        shutil.copy(paths[1], other)
+        (os.symlink if how == "symlink" else os.link)(other, victim)
+    before = _sha(other)
+    rc = _run([paths[0], other, "--out", out, "--config", root / "tiny.toml", "--overwrite"])
+    err = _one_error_line(capsys.readouterr().err)
+    assert rc == 2
+    assert str(other) in err and "digit0" in err and "overwritten" in err
+    assert _sha(other) == before and _sha(victim) == before
+    assert sorted(p.name for p in out.iterdir()) == ["digit0.ctuq.h5"]  # nothing else written
+
+
+def test_summary_json_onto_an_input_is_refused(inputs, tmp_path):
+    root, paths = inputs
+    before = _sha(paths[0])
+    with pytest.raises(InputError, match="summary"):
+        run_batch(paths[:1], tmp_path / "out", TINY_DICT, also_writes=[paths[0]])
+    assert _sha(paths[0]) == before and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name, words", [("missing.h5", "no such file"),
+                                         ("nothing/*.nxs", "no file matches"),
+                                         ("folder", "is a folder")])
+def test_a_missing_input_is_a_usage_error(inputs, tmp_path, capsys, wide, name, words):
+    """Not a failed row (exit 1) but one line naming the path, exit 2, before any work."""
+    root, paths = inputs
+    (tmp_path / "folder").mkdir()
+    missing = tmp_path / name
+    rc = _run([paths[0], missing, "--out", tmp_path / "out", "--config", root / "tiny.toml"])
+    err = _one_error_line(capsys.readouterr().err)
+    assert rc == 2
+    assert str(missing) in err and words in err
+    assert not (tmp_path / "out").exists()             # nothing computed, nothing created
 
 
 @pytest.mark.slow

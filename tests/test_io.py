@@ -560,3 +560,22 @@ def test_sidecar_takes_the_option_names(tmp_path):
     (tmp_path / "s.json").write_text(json.dumps({"colour": 8}))
     with pytest.raises(InputError, match="colour"):
         read_sinogram(tmp_path / "s.npy")
+
+
+def test_data_errors_is_labelled_as_the_total_std(tmp_path):
+    """data/data_errors holds the total std (posterior and model error), not the
+    posterior part, which is uncertainty/posterior_std: the labels say which is which."""
+    rng = np.random.default_rng(1)
+    post, model = rng.uniform(0.1, 1, (2, 5, 5))
+    r = Result(rng.random((5, 5)), np.hypot(post, model), posterior_std=post,
+               model_error_std=model)
+    write_result(tmp_path / "r.h5", r)
+    with h5py.File(tmp_path / "r.h5") as h:
+        errors = h["entry/data/data_errors"]
+        label = errors.attrs["long_name"]
+        label = label.decode() if isinstance(label, bytes) else label
+        np.testing.assert_allclose(errors[()], np.hypot(post, model), rtol=1e-6)
+        assert "total" in label and label != "posterior standard deviation"
+        part = h["entry/uncertainty/posterior_std"]
+        np.testing.assert_allclose(part[()], post, rtol=1e-6)
+        assert part.attrs["long_name"] == "posterior standard deviation"

@@ -114,6 +114,7 @@ def test_1_cleanup_deletes_only_its_own_stale_temporaries(tmp_path):
 def test_1_concurrent_run_into_one_folder_is_refused(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
+    (tmp_path / "a.h5").write_bytes(b"x")
     with folder_lock(out, "first"):
         with pytest.raises(InputError, match="another ctuq reconstruct") as ei:
             run_batch([tmp_path / "a.h5"], out, TINY)
@@ -453,9 +454,9 @@ def test_8_long_names_fail_before_the_work_or_work(tmp_path):
 def test_8_symlink_loop_is_a_clear_error(tmp_path):
     loop = tmp_path / "loop.h5"
     os.symlink(loop, loop)
-    res = run_batch([loop], tmp_path / "out", TINY)
-    assert res[0].status == "failed" and "internal error" not in res[0].error
-    assert "symbolic links" in res[0].error or "cannot access" in res[0].error
+    with pytest.raises(InputError, match="loop of symbolic links") as ei:  # a usage error
+        run_batch([loop], tmp_path / "out", TINY)
+    assert ei.value.file == str(loop) and not (tmp_path / "out").exists()
 
 
 def test_8_a_retried_task_reports_done_not_skipped(tmp_path):
@@ -514,3 +515,119 @@ def test_killed_writer_leaves_a_removable_temporary(tmp_path):
     removed = remove_stale_temporaries(tmp_path)
     assert len(removed) == 1 and removed[0].name.endswith(".r.h5.tmp")
     assert not [q for q in tmp_path.iterdir() if q.name.endswith(".tmp")]
+
+
+# -- the hostile tester's second round: values that pass validation but not arithmetic ---------
+@pytest.mark.parametrize("value, words", [(1e30, "at most"), (-1e30, "> 0"),
+                                          (1e-300, "at least"), (1e20, "at most")])
+def test_noise_std_must_survive_squaring_in_float32(value, words, tmp_path, capsys):
+    """1e30 passed and ended in torch's overflow traceback; 1e-300 ended in an error
+    about noise_var, a quantity the user never set. Both name noise_std now."""
+    with pytest.raises(InputError) as ei:
+        ReconstructionConfig.from_dict({**TINY, "noise_std": value})
+    assert ei.value.field == "noise_std" and words in ei.value.message
+    f32 = np.finfo(np.float32)
+    for ok in (1e-18, 1e18):                            # inside: value and square are normal
+        assert f32.tiny <= np.float32(ok) ** 2 <= f32.max
+        ReconstructionConfig.from_dict({**TINY, "noise_std": ok})
+    # the same check for a TOML file, naming the file and the key, exit 2
+    (tmp_path / "c.toml").write_text(f"noise_std = {value!r}\n")
+    (tmp_path / "s.npy").write_bytes(b"")
+    assert main(["reconstruct", str(tmp_path / "s.npy"), "--out", str(tmp_path / "o"),
+                 "--config", str(tmp_path / "c.toml")]) == 2
+    err = "".join(capsys.readouterr().err.split())
+    assert "noise_std" in err and "c.toml" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("data", [np.zeros((20, 28)), np.full((20, 28), 3.5)],
+                         ids=["zeros", "constant"])
+def test_a_constant_sinogram_is_refused_at_input(data):
+    """An all-zero or constant sinogram through the API ended in
+    'noise_var: must be a positive number, got 0.0' after the DIP fit."""
+    import ctuq
+
+    t0 = time.monotonic()
+    with pytest.raises(InputError) as ei:
+        ctuq.reconstruct(data, ReconstructionConfig.from_dict(TINY),
+                         angles=np.arange(20) * 9.0, image_size=28)
+    assert ei.value.field == "sinogram" and "constant" in ei.value.message
+    assert time.monotonic() - t0 < 5                   # before any fit
+    stack = np.stack([np.random.default_rng(0).random((20, 28)), data])
+    with pytest.raises(InputError) as ei:              # one dead slice of a stack
+        ctuq.reconstruct(stack, ReconstructionConfig.from_dict(TINY),
+                         angles=np.arange(20) * 9.0, image_size=28)
+    assert ei.value.field == "sinogram[1]"
+
+
+def test_a_constant_sinogram_file_fails_naming_file_and_field(tmp_path):
+    g = Geometry.parallel(28, 20)
+    path = write_sinogram(tmp_path / "blank.nxs", Sinogram(np.zeros(g.range_shape), g))
+    [o] = run_batch([path], tmp_path / "out", ReconstructionConfig.from_dict(TINY).to_dict())
+    assert o.status == "failed" and o.seconds < 30
+    assert "blank.nxs" in o.error and "sinogram" in o.error and "constant" in o.error
+    assert not (tmp_path / "out" / "blank.ctuq.h5").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 200 kB tmpfs (root only; skipped where it cannot be mounted)."""
+    d = tmp_path / "small_disk"
+    d.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(d)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {p.stderr.strip() or p.returncode}")
+    try:
+        yield d
+    finally:
+        if subprocess.run(["umount", str(d)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def test_a_disk_that_fills_during_the_write_is_one_clear_error(small_disk):
+    """A result larger than the free space: HDF5's own write failed half-way, the
+    writer raised a raw OSError ("internal error" in a batch), h5py printed
+    'Exception ignored' tracebacks, and the interpreter crashed (SIGSEGV) at exit
+    flushing the dead file. Now: one InputError naming the file, nothing left behind,
+    the files already there intact, a clean exit."""
+    (small_disk / "keep.txt").write_text("a user's file")
+    code = f"""
+import numpy as np
+from ctuq.data.geometry import Geometry
+from ctuq.data.io import Result, Sinogram, write_result, write_sinogram
+from ctuq.errors import InputError
+rng = np.random.default_rng(0)
+g = Geometry.parallel(128, 400)               # about 300 kB of data
+for name, write in (("r.h5", lambda p: write_result(p, Result(rng.random((96, 96)),
+                                                                rng.random((96, 96)),
+                                                                samples=rng.random((4, 96, 96))))),
+                    ("s.nxs", lambda p: write_sinogram(p, Sinogram(rng.random(g.range_shape), g)))):
+    try:
+        write({str(small_disk)!r} + "/" + name)
+        print("written", name)
+    except InputError as err:
+        print("refused", err.field, name in str(err), "No space left" in str(err))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr[-2000:]
+    assert p.stdout.splitlines() == ["refused output True True"] * 2, p.stdout
+    assert sorted(q.name for q in small_disk.iterdir()) == ["keep.txt"]
+    assert (small_disk / "keep.txt").read_text() == "a user's file"
+
+
+def test_a_gigantic_chunk_shape_is_checked_against_the_budget(tmp_path):
+    """HDF5 unpacks a whole chunk to read any value: 6 x 9 values declared with
+    2048² chunks need 32 MiB, which the declared shape alone did not show."""
+    path = tmp_path / "chunky.h5"
+    with h5py.File(path, "w") as h:
+        ds = h.create_dataset("sino", shape=(6, 9), maxshape=(None, None), chunks=(2048, 2048),
+                              dtype="f4", compression="gzip")
+        ds[...] = np.random.default_rng(0).random((6, 9))
+        ds.attrs["angles_deg"] = np.arange(6) * 30.0
+    assert path.stat().st_size < 200_000
+    with pytest.raises(InputError, match="chunks of shape") as ei:
+        read_sinogram(path, max_memory_gib=0.01)
+    assert ei.value.field == "/sino" and ei.value.file == str(path)
+    assert read_sinogram(path, max_memory_gib=1).data.shape == (6, 9)   # within the budget

@@ -9,6 +9,12 @@ recomputes it. Nothing is ever deleted except the provably stale temporaries
 of earlier ctuq writes (:func:`ctuq.data.io.remove_stale_temporaries`: their
 own name pattern and an unlocked lock file), and never an input.
 
+Before any work the batch is planned (:func:`plan_outputs`): an input that
+does not exist is a usage error, and so is a file the run would write (an
+output, the lock, the summary JSON) that is one of the inputs, by path or
+through a link; a ``scheduler`` address is checked the same way
+(:func:`check_scheduler`).
+
 One batch at a time per output folder: a run holds an exclusive lock on
 ``OUT/.ctuq-batch.lock``; a second run into the same folder is refused with a
 message naming the first (its PID and host).
@@ -28,11 +34,13 @@ the CLI shows the same bars as a serial run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import logging
 import os
 import secrets
+import stat
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -79,11 +87,64 @@ def output_path(input_path, out_dir) -> Path:
     return Path(out_dir) / f"{name}{RESULT_SUFFIX}"
 
 
-def plan_outputs(inputs: Iterable, out_dir) -> list[tuple[Path, Path]]:
-    """Pair each input with its output; two inputs with one output name are an error."""
+def _check_input_exists(inp: Path) -> None:
+    """A path that names no file is a usage error, before any work (not a failed row)."""
+    try:
+        st = os.stat(inp)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise InputError("is a loop of symbolic links", file=inp, field="input") from None
+        if err.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise InputError(f"cannot be accessed ({err.strerror or err})", file=inp,
+                             field="input") from None
+    else:
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError("is a folder, not a sinogram file (give the files in it, e.g. "
+                             f"{os.path.join(str(inp), '*.h5')})", file=inp, field="input")
+        return
+    if os.path.lexists(inp):
+        raise InputError("is a broken symbolic link (it points at a file that does not exist)",
+                         file=inp, field="input")
+    if any(c in str(inp) for c in "*?["):
+        raise InputError("no file matches this pattern (the shell passed it on as it was)",
+                         file=inp, field="input")
+    raise InputError("no such file", file=inp, field="input")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` are one file: the same path, or links (symbolic or hard) to one file."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def plan_outputs(inputs: Iterable, out_dir, *, also_writes: Iterable = ()
+                 ) -> list[tuple[Path, Path]]:
+    """Pair each input with its output, refusing a plan that could lose data.
+
+    Refused, before any work, with an :class:`InputError` (a usage error):
+    an input that does not exist (a missing file, a shell pattern that
+    matched nothing, a broken link, a folder); two inputs with one output
+    name; and a file the batch would write (an output, the batch lock,
+    ``also_writes`` such as the summary JSON) that is itself one of the
+    inputs, by path or through a symbolic or hard link.
+
+    Parameters
+    ----------
+    inputs : iterable of path-like
+    out_dir : path-like
+    also_writes : iterable of path-like
+        Other files the run will write (``--summary-json``).
+
+    Returns
+    -------
+    list of (input, output) pairs, in input order
+    """
     pairs, seen = [], {}
+    inputs = [Path(inp) for inp in inputs]
     for inp in inputs:
-        inp = Path(inp)
+        _check_input_exists(inp)
         out = output_path(inp, out_dir)
         if out in seen:
             raise InputError(f"{inp} and {seen[out]} would both be written to {out.name}; "
@@ -91,7 +152,75 @@ def plan_outputs(inputs: Iterable, out_dir) -> list[tuple[Path, Path]]:
                              file=inp, field="input")
         seen[out] = inp
         pairs.append((inp, out))
+    writes = [(out, f"the output of {inp}") for inp, out in pairs]
+    writes.append((Path(out_dir) / LOCK_NAME, "the batch lock"))
+    writes += [(Path(p), "the summary (--summary-json)") for p in also_writes
+               if p is not None and str(p) != "-"]
+    for target, what in writes:
+        if not os.path.lexists(target):
+            continue  # a file that does not exist yet cannot be an input
+        for inp in inputs:
+            if _same_file(target, inp):
+                same = "" if os.path.abspath(target) == os.path.abspath(inp) else \
+                    f" (the same file as {target})"
+                raise InputError(f"is an input and would be overwritten as {what}{same}; "
+                                 "choose another --out (or move the input)",
+                                 file=inp, field="input")
     return pairs
+
+
+#: Seconds to wait for a TCP connection to the Dask scheduler before giving up.
+SCHEDULER_CONNECT_TIMEOUT = 5.0
+
+
+def check_scheduler(address: str, timeout: float = SCHEDULER_CONNECT_TIMEOUT) -> None:
+    """Refuse a Dask scheduler address that is malformed or that nothing answers at.
+
+    A ``tcp://`` or ``tls://`` address (the scheme defaults to ``tcp``) is
+    parsed and one TCP connection is opened, so that a typo or a scheduler
+    that is not running is one error within ``timeout`` seconds instead of
+    Dask's 20-second retry loop. Other schemes are left to Dask.
+
+    Raises
+    ------
+    InputError
+        Naming ``--scheduler`` and the address.
+    """
+    import socket
+
+    from distributed.comm import parse_address, parse_host_port
+
+    if not isinstance(address, str) or not address.strip():
+        raise InputError(f"must be an address such as tcp://10.0.0.5:8786, got {address!r}",
+                         field="--scheduler")
+    try:
+        scheme, location = parse_address(address.strip())
+        if scheme not in ("tcp", "tls"):
+            _check_comm_backend(scheme, address)
+            return
+        host, port = parse_host_port(location)
+    except (ValueError, TypeError) as err:
+        raise InputError(f"{address!r} is not a Dask scheduler address ({err}); expected "
+                         "tcp://HOST:PORT", field="--scheduler") from None
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as err:
+        why = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise InputError(f"cannot reach the Dask scheduler at {address} ({why}); is it "
+                         "running, and is the address right?", field="--scheduler") from None
+
+
+def _check_comm_backend(scheme: str, address: str) -> None:
+    """Refuse a scheme whose Dask communication backend is missing or unusable here."""
+    from distributed.comm.registry import get_backend
+
+    try:
+        get_backend(scheme).get_connector()
+    except Exception as err:  # noqa: BLE001 - unknown scheme, missing or broken package
+        raise InputError(f"cannot use {address!r}: Dask's {scheme!r} communication is not "
+                         f"available here ({type(err).__name__}: {str(err)[:160]})",
+                         field="--scheduler") from None
 
 
 # -- the folder lock -------------------------------------------------------------------
@@ -291,7 +420,7 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
               workers: int | None = None, scheduler: str | None = None,
               retries: int = 2, on_progress: Callable | None = None,
               on_outcome: Callable | None = None, run_id: str | None = None,
-              quiet_dask: bool = True) -> list[Outcome]:
+              quiet_dask: bool = True, also_writes: Iterable = ()) -> list[Outcome]:
     """Reconstruct every input; see the module docstring.
 
     Parameters
@@ -318,6 +447,9 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
         Default: a new random id (recorded in every result written).
     quiet_dask : bool
         Keep Dask's own logging at ERROR level. Default True.
+    also_writes : iterable of path-like
+        Other files the caller will write after the run (the summary JSON):
+        refused, like the outputs, when one of them is an input.
 
     Returns
     -------
@@ -326,8 +458,10 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
     Raises
     ------
     InputError
-        Bad arguments, an output folder that cannot be created, or another
-        batch writing into the same folder.
+        Bad arguments, an input that does not exist, a file to be written
+        that is an input (:func:`plan_outputs`), an output folder that cannot
+        be created, or another batch writing into the same folder. Raised
+        before any input is read or any file written.
     """
     if workers is not None and scheduler is not None:
         raise InputError("give --workers or --scheduler, not both", field="--workers")
@@ -337,14 +471,16 @@ def run_batch(inputs, out_dir, config: dict, *, overwrite: bool = False,
     from ctuq.recon.config import ReconstructionConfig
 
     ReconstructionConfig.from_dict(config)  # refuse bad settings before any work
+    if scheduler is not None:
+        check_scheduler(scheduler)
     run_id = run_id or new_run_id()
     out_dir = Path(out_dir)
+    pairs = plan_outputs(inputs, out_dir, also_writes=also_writes)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise InputError(f"cannot create the output folder: {err.strerror}", file=out_dir,
                          field="--out") from None
-    pairs = plan_outputs(inputs, out_dir)
     with folder_lock(out_dir, run_id):
         for p in remove_stale_temporaries(out_dir, protect=[inp for inp, _ in pairs]):
             log.info("removed stale temporary %s", p)
@@ -392,8 +528,9 @@ def _run_dask(pairs, config, overwrite, workers, scheduler, retries, on_progress
     else:
         try:
             client = Client(scheduler, timeout=20)
-        except (OSError, TimeoutError) as err:
-            raise InputError(f"cannot reach the Dask scheduler: {err}",
+        except Exception as err:  # noqa: BLE001 - whatever answered was no Dask scheduler
+            raise InputError(f"cannot connect to the Dask scheduler at {scheduler} "
+                             f"({type(err).__name__}: {str(err)[:200]})",
                              field="--scheduler") from None
     try:
         queue = Queue(PROGRESS_QUEUE, client=client)

@@ -237,6 +237,7 @@ def _checkpointed(ckpt: StageCheckpoints | None, run: Callable):
 def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, cancel,
                  run_id: str | None, ckpt: StageCheckpoints | None) -> Result:
     check_memory(sinogram.geometry.image_shape, config)
+    sinogram.check_signal()
     slices = list(sinogram.slices()) if sinogram.is_stack else [sinogram]
     outs = []
     keep_freed_memory()  # 2.6x faster Jacobian products at 512² on CPU (allocator.py)

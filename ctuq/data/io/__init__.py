@@ -20,8 +20,7 @@ from ctuq.data.io.nxtomo import write_sinogram
 from ctuq.data.io.options import GeometryOptions, ReadOptions
 from ctuq.data.io.readers import (SINOGRAM_FORMATS, detect_format, read_sidecar,
                                   read_sinogram, sidecar_path)
-from ctuq.data.io.result_file import read_result, write_result
-from ctuq.data.io.results import Result
+from ctuq.data.io.results import Result, read_result, write_result
 from ctuq.data.io.sinogram import Sinogram
 
 __all__ = [

@@ -178,6 +178,11 @@ def atomic_output(target, *, overwrite: bool = False, protect: Iterable = ()) ->
                 # or SMB mounts): fall back to a plain rename.
                 os.replace(tmp, target)
         log.debug("wrote %s", target)
+    except OSError as exc:  # a full disk, a quota, an I/O error: the target's failure
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise InputError(f"cannot be written ({exc.strerror or exc}); nothing was left "
+                         "behind", file=target, field="output") from exc
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()

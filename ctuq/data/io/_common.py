@@ -278,6 +278,41 @@ def check_array(arr, *, file, field: str, ndims=(2, 3), finite: bool = True,
     return out
 
 
+def check_signal(arr, *, file, field: str = "sinogram") -> None:
+    """Refuse data that measured nothing: non-finite, or constant (all zero included).
+
+    A reconstruction estimates the noise from the data's variation and fits
+    the data; a sinogram without variation (a detector that read nothing, a
+    blank or saturated frame, a placeholder array) has neither, and would end
+    deep inside the solver with a variance of 0.
+
+    Parameters
+    ----------
+    arr : ndarray, shape (n_angles, n_detector) or (n_slices, n_angles, n_detector)
+        Line integrals.
+    file, field
+        Named in the error. Each slice of a 3-D stack is checked on its own.
+
+    Raises
+    ------
+    InputError
+        Naming ``field`` (``sinogram[i]`` for slice ``i`` of a stack) and ``file``.
+    """
+    arr = np.asarray(arr)
+    stack = arr.ndim == 3
+    for i, sl in enumerate(arr if stack else [arr]):
+        where = f"{field}[{i}]" if stack else field
+        bad = ~np.isfinite(sl)
+        if bad.any():
+            raise InputError(f"contains {int(bad.sum())} non-finite value(s)", file=file,
+                             field=where)
+        lo, hi = sl.min(), sl.max()
+        if lo == hi:
+            raise InputError(f"is constant (every value is {float(lo):g}): it measured "
+                             "nothing, so there is nothing to reconstruct and no noise to "
+                             "estimate", file=file, field=where)
+
+
 def flat_dark_correct(proj, flat=None, dark=None, *, file, field: str = "data",
                       flat_field: str = "flat", dark_field: str = "dark") -> np.ndarray:
     """Beer-Lambert correction ``p = -log((I - D) / (F - D))``.

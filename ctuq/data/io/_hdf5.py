@@ -14,6 +14,7 @@ against the memory budget before it is read.
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -123,6 +124,51 @@ def _check_storage(ds, *, file, field: str) -> None:
                          "allow_external is set (--allow-external)", file=file, field=field)
 
 
+@contextlib.contextmanager
+def new_file(path) -> Iterator[Any]:
+    """A new HDF5 file built in memory and written to ``path`` in one go once complete.
+
+    The HDF5 library never writes to the disk itself: a full disk (or quota,
+    or I/O error) is then an ``OSError`` of one plain ``write`` that leaves
+    the library untouched. Written directly, a failed write leaves HDF5 with
+    a file it can neither flush nor close, which it retries (and crashes on)
+    when the interpreter exits. The image costs memory once more the file's
+    size (result files are megabytes), and is byte for byte the file HDF5
+    writes to the disk itself (the same allocation by the in-memory ``core``
+    driver).
+    """
+    require_h5py()
+    with h5py.File(path, "w", driver="core", backing_store=False) as f:
+        yield f
+        f.flush()
+        image = f.id.get_file_image()
+    with open(path, "wb") as fh:
+        fh.write(image)
+
+
+def _check_chunks(ds, dtype, *, file, field: str) -> None:
+    """Refuse a chunk shape whose one chunk does not fit the memory budget.
+
+    HDF5 decompresses (and checksums) a whole chunk to read any value of it, so
+    a 6 x 9 dataset declared with 16384 x 16384 chunks takes 1 GiB to read:
+    the declared shape alone (:func:`check_size`) does not bound the memory.
+    """
+    try:
+        chunks = ds.chunks
+    except _ERRORS as exc:
+        raise InputError(f"its chunk layout cannot be read: corrupt header ({exc})",
+                         file=file, field=field) from exc
+    if not chunks:
+        return
+    need = math.prod(int(c) for c in chunks) * max(int(dtype.itemsize), 1) * 2  # packed + unpacked
+    budget = current_limits().budget
+    if need > budget:
+        raise InputError(f"is stored in chunks of shape {tuple(int(c) for c in chunks)}, about "
+                         f"{need / 1024**3:.3g} GiB to unpack one: over the memory budget of "
+                         f"{budget / 1024**3:.3g} GiB (raise it with max_memory_gib / "
+                         "--max-memory-gib if the file is genuine)", file=file, field=field)
+
+
 def exists(group, name: str, *, file) -> bool:
     """True when ``name`` exists below ``group``; a corrupt link or object is an InputError."""
     return _follow(group, name, file=file, field=_join(group, name)) is not None
@@ -169,6 +215,7 @@ def read(ds, *, file) -> Any:
                          file=file, field=field)
     _check_storage(ds, file=file, field=field)
     check_size(shape, dtype, file=file, field=field)
+    _check_chunks(ds, dtype, file=file, field=field)
     try:
         value = ds[()]
     except _ERRORS as exc:

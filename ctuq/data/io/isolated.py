@@ -164,7 +164,7 @@ def _read(path, op: str, timeout: float, options: dict):
     status, out = _run_child({"op": op, "path": str(p), "options": opts}, path=p,
                              timeout=timeout)
     if status.get("kind") == "result":
-        from ctuq.data.io.result_file import read_result
+        from ctuq.data.io.results import read_result
 
         try:
             return "result", read_result(out / "result.h5")
@@ -201,7 +201,7 @@ def read_result_isolated(path, *, timeout: float | None = None):
     The child validates the file and writes a clean copy, which is read here.
     """
     from ctuq.data.io._common import check_input_file
-    from ctuq.data.io.result_file import read_result
+    from ctuq.data.io.results import read_result
 
     p = check_input_file(path)
     status, out = _run_child({"op": "result", "path": str(p)}, path=p, timeout=timeout)
@@ -238,8 +238,9 @@ def _child_main() -> int:
 
 
 def _serve(request: dict, out: Path) -> dict:
-    from ctuq.data.io import detect_format, read_result, read_sinogram, write_result
     from ctuq.data.io._common import to_jsonable
+    from ctuq.data.io.readers import detect_format, read_sinogram
+    from ctuq.data.io.results import read_result, write_result
 
     op, path = request["op"], request["path"]
     if op == "detect":

@@ -264,7 +264,7 @@ def write_sinogram(path, sinogram: Sinogram, *, overwrite: bool = False,
                          field="truth_attrs")
     H.require_h5py()
     with atomic_output(path, overwrite=overwrite, protect=[sinogram.meta.get("source")]) as tmp:
-        with H.h5py.File(tmp, "w") as f:
+        with H.new_file(tmp) as f:
             _write(f, sinogram, meta, meta_json, raw, dict(truth_attrs or {}))
     return Path(os.fspath(path))
 

@@ -1,5 +1,10 @@
-"""Result files: :func:`write_result` and :func:`read_result` of a
-:class:`~ctuq.data.io.results.Result` as NeXus NXtomoproc.
+"""Result files: the NeXus NXtomoproc format of a
+:class:`~ctuq.data.io.results.Result` (:func:`write_fields`, :func:`read_fields`).
+
+This module owns the file format and knows nothing of the ``Result`` type
+(which owns :func:`~ctuq.data.io.results.write_result` and
+:func:`~ctuq.data.io.results.read_result` and calls in here): the import goes
+one way, type to format.
 
 Layout (see ``docs/file_formats.md``)::
 
@@ -58,9 +63,25 @@ from ctuq.data.io import _resolve
 from ctuq.data.io._atomic import atomic_output
 from ctuq.data.io._common import (attr_str, check_input_file, dumps, errors_name_the_file,
                                   loads, sniff, to_jsonable)
-from ctuq.data.io.results import (_IMAGES, _METRIC_UNITS, _UNCERTAINTY, DEFINITION, Result,
-                                  squared_units)
 from ctuq.errors import InputError
+
+DEFINITION = "NXtomoproc"
+#: Arrays stored under ``uncertainty/`` (each optional).
+_UNCERTAINTY = ("variance", "posterior_std", "model_error_std", "samples", "fbp", "dip")
+#: Images of a result, in the order a single-image file picks its signal.
+_IMAGES = ("reconstruction", "std", "fbp", "dip", "ground_truth", "variance", "posterior_std",
+           "model_error_std")
+#: Units of metrics by name prefix (the others are dimensionless).
+_METRIC_UNITS = {"psnr": "dB", "seconds": "s"}
+
+
+def squared_units(units: str | None) -> str | None:
+    """Units of a variance: ``1/mm`` -> ``1/mm^2``, ``u`` -> ``(u)^2``."""
+    if not units:
+        return None
+    if units.startswith("1/") and "^" not in units and " " not in units:
+        return f"{units}^2"
+    return f"({units})^2"
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +156,7 @@ def _trace_arrays(trace: list[dict]) -> dict[str, np.ndarray]:
     return out
 
 
-def _axes(result: Result) -> tuple[list[str], dict[str, tuple[np.ndarray, str]]]:
+def _axes(result) -> tuple[list[str], dict[str, tuple[np.ndarray, str]]]:
     rec = result.image
     h, w = rec.shape[-2:]
     if result.geometry is not None:
@@ -155,8 +176,9 @@ def _axes(result: Result) -> tuple[list[str], dict[str, tuple[np.ndarray, str]]]
     return names, axes
 
 
-def write_result(path, result: Result, *, overwrite: bool = False) -> Path:
-    """Write a :class:`Result` as a NeXus NXtomoproc HDF5 file, atomically.
+def write_fields(path, result, *, overwrite: bool = False) -> Path:
+    """Write a result as a NeXus NXtomoproc HDF5 file, atomically (see
+    :func:`ctuq.data.io.results.write_result`, which checks its type).
 
     Parameters
     ----------
@@ -177,8 +199,6 @@ def write_result(path, result: Result, *, overwrite: bool = False) -> Path:
         The target exists (without ``overwrite``), is the input, or cannot be
         written; a dict is not JSON-able. Nothing is left behind on failure.
     """
-    if not isinstance(result, Result):
-        raise InputError(f"must be a Result, got {type(result).__name__}", field="result")
     # Everything that can fail on content is converted before the file exists.
     texts = {
         "config": dumps(result.config, field="config", file=path),
@@ -191,9 +211,16 @@ def write_result(path, result: Result, *, overwrite: bool = False) -> Path:
     trace = to_jsonable(result.em_trace, field="em_trace", file=path)
     H.require_h5py()
     with atomic_output(path, overwrite=overwrite, protect=[result.input_path]) as tmp:
-        with H.h5py.File(tmp, "w") as f:
+        with H.new_file(tmp) as f:
             _write(f, result, texts, config, hyper, trace)
     return Path(os.fspath(path))
+
+
+#: ``@long_name`` of the spreads: ``std`` is the total, posterior and model error together.
+LONG_NAMES = {"std": "total standard deviation (posterior and model error)",
+              "variance": "total variance (posterior and model error)",
+              "posterior_std": "posterior standard deviation",
+              "model_error_std": "model error standard deviation"}
 
 
 def _image(group, name: str, data, units, **attrs):
@@ -202,7 +229,7 @@ def _image(group, name: str, data, units, **attrs):
     return H.write_array(group, name, data, **extra, **attrs)
 
 
-def _write(f, r: Result, texts, config, hyper, trace) -> None:
+def _write(f, r, texts, config, hyper, trace) -> None:
     f.attrs["default"] = "entry"
     f.attrs["creator"] = f"ctuq {r.version}"
     entry = H.new_group(f, "entry", "NXentry", default="data")
@@ -296,8 +323,8 @@ def _write(f, r: Result, texts, config, hyper, trace) -> None:
     if signal == "reconstruction":
         _image(nxdata, "data", r.reconstruction, r.units, long_name="posterior mean")
         if r.std is not None:
-            _image(nxdata, "data_errors", r.std, r.units,
-                   long_name="posterior standard deviation")
+            # the total: data_errors is what NeXus tools show as the error bars
+            _image(nxdata, "data_errors", r.std, r.units, long_name=LONG_NAMES["std"])
     else:
         units = squared_units(r.units) if signal == "variance" else r.units
         _image(nxdata, signal, getattr(r, signal), units, long_name=signal.replace("_", " "))
@@ -315,10 +342,11 @@ def _write(f, r: Result, texts, config, hyper, trace) -> None:
     if rest or unc_std is not None:
         unc = H.new_group(entry, "uncertainty", "NXcollection")
         if unc_std is not None:
-            _image(unc, "std", unc_std, r.units)
+            _image(unc, "std", unc_std, r.units, long_name=LONG_NAMES["std"])
         for n in rest:
             v = getattr(r, n)
-            ds = _image(unc, n, v, squared_units(r.units) if n == "variance" else r.units)
+            ds = _image(unc, n, v, squared_units(r.units) if n == "variance" else r.units,
+                        **({"long_name": LONG_NAMES[n]} if n in LONG_NAMES else {}))
             if n == "samples":
                 ds.attrs["axes"] = H.str_list((["slice"] if r.is_stack else [])
                                               + ["sample", "y", "x"])
@@ -355,8 +383,10 @@ def is_result_file(f, *, file) -> bool:
     return _result_entry(f, file=file) is not None
 
 
-def read_result(path) -> Result:
-    """Read a result file written by :func:`write_result`.
+def read_fields(path) -> dict[str, Any]:
+    """Read a result file written by :func:`write_fields`: the keyword arguments
+    of a :class:`~ctuq.data.io.results.Result` (built by
+    :func:`ctuq.data.io.results.read_result`).
 
     Parameters
     ----------
@@ -364,8 +394,8 @@ def read_result(path) -> Result:
 
     Returns
     -------
-    Result
-        Equal to the one written (dict values as JSON gives them back).
+    dict
+        The fields of the result written (dict values as JSON gives them back).
 
     Raises
     ------
@@ -384,7 +414,7 @@ def read_result(path) -> Result:
         return _read(f[name], file=p)
 
 
-def _read(entry, *, file) -> Result:
+def _read(entry, *, file) -> dict[str, Any]:
     def arr(paths, ndims=(2, 3)):
         for path in paths:
             v = H.read_array(entry, path, file=file, ndims=ndims, dtype=np.float32)
@@ -479,7 +509,4 @@ def _read(entry, *, file) -> Result:
             v = H.read_array(met, k, file=file, ndims=(0,), finite=False)
             metrics[k] = float(v)
     kw["metrics"] = metrics
-    try:
-        return Result(**kw)
-    except InputError as exc:
-        raise InputError(exc.message, file=file, field=exc.field) from exc
+    return kw

@@ -14,31 +14,17 @@ from typing import Any
 import numpy as np
 
 from ctuq.data.geometry import Geometry
+from ctuq.data.io import result_file as _file
 from ctuq.data.io._common import check_array
+from ctuq.data.io.result_file import _IMAGES, DEFINITION, squared_units  # noqa: F401 (re-export)
 from ctuq.errors import InputError
 
 log = logging.getLogger(__name__)
 
-DEFINITION = "NXtomoproc"
 _ARRAYS = ("reconstruction", "std", "variance", "posterior_std", "model_error_std", "samples",
            "fbp", "dip", "ground_truth")
-_UNCERTAINTY = ("variance", "posterior_std", "model_error_std", "samples", "fbp", "dip")
-#: Images of a result, in the order a single-image file picks its signal.
-_IMAGES = ("reconstruction", "std", "fbp", "dip", "ground_truth", "variance", "posterior_std",
-           "model_error_std")
 #: Images that are standard deviations or variances (never negative).
 _SPREADS = ("std", "variance", "posterior_std", "model_error_std")
-#: Units of metrics by name prefix (the others are dimensionless).
-_METRIC_UNITS = {"psnr": "dB", "seconds": "s"}
-
-
-def squared_units(units: str | None) -> str | None:
-    """Units of a variance: ``1/mm`` -> ``1/mm^2``, ``u`` -> ``(u)^2``."""
-    if not units:
-        return None
-    if units.startswith("1/") and "^" not in units and " " not in units:
-        return f"{units}^2"
-    return f"({units})^2"
 
 
 def _default_version() -> str:
@@ -212,8 +198,6 @@ class Result:
 
         The in-memory ``posterior`` is not written.
         """
-        from ctuq.data.io.result_file import write_result
-
         return write_result(path, self, overwrite=overwrite)
 
     def __repr__(self) -> str:
@@ -259,3 +243,55 @@ class Result:
     __hash__ = None
 
 
+def write_result(path, result: Result, *, overwrite: bool = False) -> Path:
+    """Write a :class:`Result` as a NeXus NXtomoproc HDF5 file, atomically
+    (the layout: :mod:`ctuq.data.io.result_file`, ``docs/file_formats.md``).
+
+    Parameters
+    ----------
+    path : path-like
+        Output file (conventionally ``.h5`` or ``.nxs``).
+    result : Result
+    overwrite : bool, optional
+        Replace an existing file; the input file (``result.input_path``) is
+        never replaced. Default False.
+
+    Returns
+    -------
+    pathlib.Path
+
+    Raises
+    ------
+    InputError
+        Not a Result; the target exists (without ``overwrite``), is the
+        input, or cannot be written; a dict is not JSON-able. Nothing is left
+        behind on failure.
+    """
+    if not isinstance(result, Result):
+        raise InputError(f"must be a Result, got {type(result).__name__}", field="result")
+    return _file.write_fields(path, result, overwrite=overwrite)
+
+
+def read_result(path) -> Result:
+    """Read a result file written by :func:`write_result`.
+
+    Parameters
+    ----------
+    path : path-like
+
+    Returns
+    -------
+    Result
+        Equal to the one written (dict values as JSON gives them back).
+
+    Raises
+    ------
+    InputError
+        Missing, not HDF5, corrupt or truncated, not an NXtomoproc file,
+        missing or malformed fields.
+    """
+    kw = _file.read_fields(path)
+    try:
+        return Result(**kw)
+    except InputError as exc:
+        raise InputError(exc.message, file=str(path), field=exc.field) from exc

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ctuq.data.geometry import Geometry
-from ctuq.data.io._common import check_array
+from ctuq.data.io._common import check_array, check_signal
 from ctuq.errors import InputError
 
 
@@ -111,6 +111,17 @@ class Sinogram:
         """Absolute noise standard deviation from ``meta``, if known."""
         v = self.meta.get("noise_std")
         return None if v is None else float(v)
+
+    def check_signal(self) -> None:
+        """Refuse data that cannot be reconstructed: constant (all zero
+        included) or non-finite, per slice (:func:`ctuq.data.io._common.check_signal`).
+
+        Raises
+        ------
+        InputError
+            Naming the field ``sinogram`` and the file it came from, if any.
+        """
+        check_signal(self.data, file=self.meta.get("source"), field="sinogram")
 
     def slice(self, i: int) -> "Sinogram":
         """The 2-D sinogram of slice ``i`` (``meta`` gains ``slice_index``).
