@@ -127,7 +127,7 @@ def test_reader_assumes_angles_for_bare_arrays(make_napari_viewer, tmp_path):
     layer = viewer.layers["bare"]
     assert layer.data.shape == (2, 9, 13) and layer.metadata["geometry_assumed"] is True
     g = Geometry.from_dict(layer.metadata["geometry"])
-    np.testing.assert_allclose(g.angles_deg, (np.arange(9) + 0.5) * 20)
+    np.testing.assert_allclose(g.angles_deg, np.arange(9) * 20.0, atol=1e-9)  # from 0
     new = _notifications()[n_before:]
     assert any(n.severity == "warning" and "no projection angles" in n.message for n in new)
 
