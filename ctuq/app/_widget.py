@@ -36,6 +36,7 @@ from qtpy.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGri
                             QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton,
                             QScrollArea, QTabWidget, QVBoxLayout, QWidget)
 
+from ctuq.app._cli_output import stage_counts
 from ctuq.app._geometry_form import GeometryForm
 from ctuq.app._reader import ASSUMED, GROUND_TRUTH, ROLE, SINOGRAM_META, SUFFIX, result_layers
 from ctuq.app._result_plot import ResultPlot
@@ -463,6 +464,7 @@ class CtuqWidget(QWidget):
         stage, step, total, message = event
         base, _, rest = stage.partition(" [")
         key = base.split("/")[0].split(":")[0].strip() or "other"
+        step, total, message = stage_counts(key, step, total, message)
         bar = self.progress_bars.get(key) or self._progress_bar(key, key)
         if rest:
             self._progress_labels[key].setText(f"{STAGES.get(key, key)} [{rest}")

@@ -16,7 +16,7 @@ import numpy as np
 
 from ctuq.data.geometry import Geometry
 from ctuq.data.io._common import isclose
-from ctuq.errors import InputError
+from ctuq.errors import InputError, did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,8 @@ def normalise(d: dict[str, Any], *, file, source: str) -> dict[str, Any]:
                          field=source)
     unknown = sorted(set(d) - set(_DICT_KEYS))
     if unknown:
-        raise InputError(f"unknown geometry field (known: {', '.join(_DICT_KEYS)})", file=file,
+        raise InputError(f"unknown geometry field{did_you_mean(unknown[0], _DICT_KEYS)} "
+                         f"(known: {', '.join(_DICT_KEYS)})", file=file,
                          field=f"{source}.{unknown[0]}")
     out: dict[str, Any] = {}
     for key, value in d.items():
@@ -198,8 +199,8 @@ def from_options(*, angles=None, geometry=None, options: dict[str, Any], file
     opts = {k: v for k, v in options.items() if v is not None}
     unknown = sorted(set(opts) - set(GEOMETRY_OPTIONS))
     if unknown:
-        raise InputError(f"unknown option (known: geometry, {', '.join(GEOMETRY_OPTIONS)})",
-                         file=file, field=unknown[0])
+        raise InputError(f"unknown option{did_you_mean(unknown[0], GEOMETRY_OPTIONS)} (known: "
+                         f"geometry, {', '.join(GEOMETRY_OPTIONS)})", file=file, field=unknown[0])
     if "image_shape" in opts:
         shape = opts.pop("image_shape")
         if "image_size" in opts and _shape(opts["image_size"], file=file, field="image_size") \
@@ -268,6 +269,15 @@ def default_image_side(beam: str, n_detector: int, spacing: float, pixel: float,
     return max(2, int(math.floor(2 * radius / pixel + 1e-9)))
 
 
+def _transposed(count: int, n_rows: int, n_det: int) -> str:
+    """A hint when ``count`` angles fit the data's columns but not its rows."""
+    if count == n_det and count != n_rows:
+        return (f"; its {n_det} columns would fit: is it transposed, [detector, angle] as "
+                "scikit-image's radon writes? Transpose it to [angle, detector], or pass "
+                "--convention skimage ([read] convention = \"skimage\")")
+    return ""
+
+
 def resolve(part: dict[str, Any], *, n_angles_data: int, n_detector_data: int,
             n_angles_opt: int | None = None, detector_distance: float | None = None,
             file) -> Geometry:
@@ -297,9 +307,10 @@ def resolve(part: dict[str, Any], *, n_angles_data: int, n_detector_data: int,
         raise InputError(f"the geometry has {g['n_detector']} detector pixels but the data have "
                          f"{n_detector_data}", file=file, field="n_detector")
     if n_angles_opt is not None and n_angles_opt != n_angles_data:
+        hint = _transposed(n_angles_opt, n_angles_data, n_detector_data) or \
+            "; drop n_angles to take the count from the data"
         raise InputError(f"n_angles={n_angles_opt} but the data have {n_angles_data} projection "
-                         "rows (one per angle); drop n_angles to take the count from the data",
-                         file=file, field="n_angles")
+                         f"rows (one per angle){hint}", file=file, field="n_angles")
     ends = g.pop("angle_ends", None)
     if ends is not None:
         if n_angles_data > 1 and ends[0] == ends[1]:
@@ -325,7 +336,8 @@ def resolve(part: dict[str, Any], *, n_angles_data: int, n_detector_data: int,
                          file=file, field="n_angles")
     if angles is not None and len(angles) != n_angles_data:
         raise InputError(f"{len(angles)} angles for {n_angles_data} projection rows in the "
-                         "data", file=file, field="angles")
+                         f"data{_transposed(len(angles), n_angles_data, n_detector_data)}",
+                         file=file, field="angles")
 
     beam = g.get("beam") or ("fan" if "source_origin" in g else "parallel")
     src = g.get("source_origin")
