@@ -284,7 +284,8 @@ def gui(path: Path = typer.Argument(None, help="A sinogram or result file to ope
 
 @app.command()
 @with_settings("geometry", "read")
-def reconstruct(inputs: list[Path] = typer.Argument(..., help="Sinogram files."),
+def reconstruct(inputs: list[Path] = typer.Argument(..., help="Sinogram files.",
+                                                    metavar="FILE"),
                 out: Path = typer.Option(..., "--out", help="Output folder."),
                 config: Path = typer.Option(None, "--config", help="TOML settings file."),
                 preset: str = typer.Option(None, help="auto | reference-28 | dip-64 | dip-128 | "
