@@ -80,6 +80,8 @@ def test_layout_and_geometry_fields(viewer_widget):
     # a plain image layer (no ctuq metadata) gets defaults from its shape
     viewer.add_image(np.zeros((30, 50), np.float32), name="plain")
     w.layer_combo.setCurrentText("plain")
+    # and the readers' angles for a bare array: i * 180 / n from 0
+    np.testing.assert_allclose(w.geometry().angles_deg, np.arange(30) * 6.0, atol=1e-9)
     assert (_geo(w, "n_angles"), _geo(w, "n_detector"), _geo(w, "image_size")) == (30, 50, 50)
     assert w.sinogram().ground_truth is None
     # renaming keeps the selection

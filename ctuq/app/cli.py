@@ -99,8 +99,9 @@ def demo(out: Path = typer.Option(Path("demo_out"), "--out", help="Output folder
     """Simulate a Shepp–Logan sinogram and reconstruct it with uncertainty.
 
     Writes demo.h5 (the result file), demo_sinogram.h5 (the input, NXtomo
-    with its truth) and demo.png (truth, FBP, reconstruction, std map,
-    |error|, calibration curve, EM trace), and prints the metrics.
+    with its truth) and demo.png (truth, FBP, reconstruction, the total,
+    posterior and model-error std maps, |error|, calibration curve, EM
+    trace), and prints the metrics.
     """
     from ctuq.app.figures import result_figure
     from ctuq.data.geometry import Geometry
