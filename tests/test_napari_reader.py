@@ -247,7 +247,7 @@ def test_writer_refuses_what_is_not_a_result(make_napari_viewer, tmp_path, sino)
 
 
 def test_layers_are_in_physical_units(make_napari_viewer, tmp_path, sino):
-    """Result layers in mm (scale = pixel size, rotation axis at 0), sinograms in deg x mm."""
+    """Result layers in mm (scale = pixel size, rotation axis at 0), sinograms in index space."""
     from ctuq.data.geometry import Geometry as G
 
     viewer = make_napari_viewer()
