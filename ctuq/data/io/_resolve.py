@@ -318,9 +318,9 @@ def resolve(part: dict[str, Any], *, n_angles_data: int, n_detector_data: int,
                              field="angle_last")
         spaced = np.linspace(ends[0], ends[1], n_angles_data)
         if "angles" in g and not _same("angles", g["angles"], spaced):
-            raise InputError(f"contradictory geometry: {_fmt('angles', g['angles'])} in the "
-                             f"file, {_fmt('angle_ends', ends)} in the options", file=file,
-                             field="angle_first")
+            raise InputError(f"contradictory geometry: {_fmt('angles', g['angles'])} from the "
+                             f"file or sidecar, {_fmt('angle_ends', ends)} in the options",
+                             file=file, field="angle_first")
         g["angles"] = spaced
     if "angles" not in g:
         if n_angles_opt is None:
