@@ -52,7 +52,7 @@ def scan(tmp_path_factory):
 
 USAGE_ERRORS = [
     ([], "no command"),
-    (["reconstruct", "--out", "x"], "inputs"),
+    (["reconstruct", "--out", "x"], "FILE"),
     (["reconstruct", "a.h5"], "--out"),
     (["nosuchcommand"], "nosuchcommand"),
     (["reconstruct", "a.h5", "--out", "x", "--bogus"], "--bogus"),
