@@ -35,3 +35,8 @@ def __getattr__(name):
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'ctuq' has no attribute {name!r}")
+
+
+def __dir__():
+    # the lazily imported API is not in the module's namespace until first used
+    return sorted(set(__all__) | {k for k in globals() if k.startswith("__")})

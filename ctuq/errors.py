@@ -46,5 +46,29 @@ class InputError(CtuqError, ValueError):
         return f"{where}: {self.message}" if where else self.message
 
 
+def did_you_mean(name, choices) -> str:
+    """``" (did you mean 'iterations'?)"`` for the choice closest to a mistyped
+    ``name``, or ``""`` when none is close (difflib's similarity >= 0.6).
+
+    Examples
+    --------
+    >>> did_you_mean("itrations", ["iterations", "lr", "seed"])
+    " (did you mean 'iterations'?)"
+    >>> did_you_mean("colour", ["iterations", "lr"])
+    ''
+    """
+    import difflib
+
+    text = str(name)
+    options = [str(c) for c in choices]
+    # case and '-' vs '_' are the commonest slips: compare without them first
+    folded = {c.lower().replace("-", "_"): c for c in options}
+    key = text.lower().replace("-", "_")
+    if key in folded and folded[key] != text:
+        return f" (did you mean {folded[key]!r}?)"
+    close = difflib.get_close_matches(key, list(folded), n=1, cutoff=0.6)
+    return f" (did you mean {folded[close[0]]!r}?)" if close else ""
+
+
 class Cancelled(CtuqError):
     """Raised inside a long computation when its cancel check returns True."""

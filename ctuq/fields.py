@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ctuq.errors import InputError
+from ctuq.errors import InputError, did_you_mean
 
 _MISSING = dataclasses.MISSING
 _KEY = "ctuq"
@@ -266,7 +266,8 @@ def build(cls, values: dict, prefix: str = ""):
     unknown = sorted(set(values) - set(known))
     if unknown:
         name = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
-        raise InputError(f"unknown setting; known: {', '.join(sorted(known))}", field=name)
+        raise InputError(f"unknown setting{did_you_mean(unknown[0], known)}; known: "
+                         f"{', '.join(sorted(known))}", field=name)
     try:
         return cls(**values)
     except InputError as err:

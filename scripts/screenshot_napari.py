@@ -2,9 +2,11 @@
 
 Opens napari with the ctuq widget docked, loads the Shepp–Logan sample
 (64², 60 angles, 5 % noise), runs the full pipeline from the widget (FBP,
-DIP+TV, EM over the prior hyperparameters, posterior samples), shows the
-layers as a grid with the calibration / EM-trace plot docked, and saves the
-whole window. Needs an X display::
+DIP+TV, EM over the prior hyperparameters, posterior samples) and saves the
+window of the results viewer: the result layers as a grid (the three std
+maps on one colour scale, reconstruction, truth, FBP, |error|), each with its
+colour bar and name, the colour bars' unit in a caption and a scale bar in
+mm. Needs an X display::
 
     QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1920x1200x24" \\
         .venv/bin/python scripts/screenshot_napari.py --out docs/napari_screenshot.png
@@ -45,6 +47,7 @@ def main(argv=None) -> int:
     from ctuq.app.gui import dock_widget
 
     import napari
+    from napari.utils.notifications import notification_manager
 
     viewer = napari.Viewer(title="ctuq", show=True)
     viewer.window.resize(args.width, args.height)
@@ -73,20 +76,23 @@ def main(argv=None) -> int:
         log.error("no result: %s", widget.status_label.text())
         return 1
 
-    # the sinogram in its own panel is not what the picture is about
-    viewer.layers[args.sample].visible = False
-    grid = grid_of(viewer)
-    grid.shape = (2, 3)
+    results = widget.results_viewer()
+    results.window.resize(args.width, args.height)
+    results.window._qt_window.raise_()
+    grid = grid_of(results)
+    grid.shape = (2, 4)
     grid.enabled = True
-    widget.advanced_toggle.setChecked(False)
-    viewer.layers.selection.active = viewer.layers[f"{args.sample} std"]
-    viewer.reset_view()
+    results.layers.selection.active = results.layers[f"{args.sample} total std"]
+    results.reset_view()
     for _ in range(20):
         app.processEvents()
         time.sleep(0.05)
-    viewer.screenshot(canvas_only=False)         # a first full screenshot wakes the canvas
+    results.screenshot(canvas_only=False)        # a first full screenshot wakes the canvas
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    viewer.screenshot(str(args.out), canvas_only=False)
+    results.screenshot(str(args.out), canvas_only=False)
+    units = results.layers.units
+    warnings = [str(n.message) for n in notification_manager.records
+                if "units" in str(n.message).lower()]
     log.info("wrote %s", args.out)
     print(json.dumps({
         "out": str(args.out), "sample": args.sample, "wall_s": round(wall, 1),
@@ -96,6 +102,9 @@ def main(argv=None) -> int:
                     if k in ("psnr", "psnr_fbp", "ssim", "coverage_1sigma", "coverage_2sigma",
                              "spearman_std_abs_error", "mean_std")},
         "timings_s": result.config.get("timings_s"),
+        "layers": [lay.name for lay in results.layers],
+        "world_units": None if units is None else [str(u) for u in units],
+        "unit_warnings": warnings,
     }, indent=2))
     viewer.close()
     return 0

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 from ctuq.app.cli import main
@@ -23,8 +24,12 @@ def test_demo_writes_its_figure_and_files(tmp_path: Path, capsys):
     assert rc == 0
     for name in ("demo.png", "demo_sinogram.h5", "demo.h5"):
         assert (tmp_path / name).stat().st_size > 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "PSNR" in text and "coverage" in text
+    # em_steps = 1: the EM stage counts one step (it read "em 0/2", "em 2/2")
+    assert re.search(r"demo: em [01]/1 ", captured.err), captured.err
+    assert not re.search(r"demo: em \d+/2 ", captured.err), captured.err
     from ctuq.data.io import read_result
 
     r = read_result(tmp_path / "demo.h5")

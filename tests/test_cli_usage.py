@@ -52,7 +52,7 @@ def scan(tmp_path_factory):
 
 USAGE_ERRORS = [
     ([], "no command"),
-    (["reconstruct", "--out", "x"], "inputs"),
+    (["reconstruct", "--out", "x"], "FILE"),
     (["reconstruct", "a.h5"], "--out"),
     (["nosuchcommand"], "nosuchcommand"),
     (["reconstruct", "a.h5", "--out", "x", "--bogus"], "--bogus"),
@@ -220,11 +220,11 @@ def test_progress_goes_to_a_log_file_as_plain_lines():
     with bars:
         for i in range(1, 101):
             bars.on_stage("a.h5", "dip", i, 100, f"loss {1 / i:.3g}")
-        bars.on_stage("a.h5", "em", 1, 3, "step 1")
+        bars.on_stage("a.h5", "predictive", 1, 3, "step 1")
     lines = [ln for ln in log.getvalue().splitlines() if ln.strip()]
     assert len(lines) == 3, lines  # dip begins, dip ends, em begins: not 101 lines
     assert "a.h5: dip 1/100" in lines[0] and "loss 1" in lines[0]
-    assert "a.h5: dip 100/100" in lines[1] and "a.h5: em 1/3" in lines[2]
+    assert "a.h5: dip 100/100" in lines[1] and "a.h5: predictive 1/3" in lines[2]
     assert all("\x1b" not in ln for ln in lines)  # no terminal codes in a file
 
 

@@ -201,7 +201,7 @@ def test_npy_with_sidecar_and_options(tmp_path):
         read_sinogram(path)
     assert ei.value.field == "angles"
     s = read_sinogram(path, n_angles=9)
-    np.testing.assert_allclose(s.geometry.angles_deg, (np.arange(9) + 0.5) * 20)
+    np.testing.assert_allclose(s.geometry.angles_deg, np.arange(9) * 20.0, atol=1e-9)
     assert s.geometry.image_shape == (13, 13) and np.array_equal(s.data, data)
     with pytest.raises(InputError, match="n_angles"):
         read_sinogram(path, n_angles=10)
@@ -547,7 +547,7 @@ def test_sidecar_takes_the_option_names(tmp_path):
     (tmp_path / "s.json").write_text(json.dumps({"n_angles": 9, "image_size": 12}))
     s = read_sinogram(tmp_path / "s.npy")
     assert s.geometry.image_shape == (12, 12)
-    np.testing.assert_allclose(s.geometry.angles_deg, (np.arange(9) + 0.5) * 20)
+    np.testing.assert_allclose(s.geometry.angles_deg, np.arange(9) * 20.0, atol=1e-9)
     (tmp_path / "s.json").write_text(json.dumps(
         {"angle_first": 0.0, "angle_last": 1.6, "n_angles": 9, "angle_unit": "rad",
          "center_offset": 0.5}))

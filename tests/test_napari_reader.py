@@ -127,7 +127,7 @@ def test_reader_assumes_angles_for_bare_arrays(make_napari_viewer, tmp_path):
     layer = viewer.layers["bare"]
     assert layer.data.shape == (2, 9, 13) and layer.metadata["geometry_assumed"] is True
     g = Geometry.from_dict(layer.metadata["geometry"])
-    np.testing.assert_allclose(g.angles_deg, (np.arange(9) + 0.5) * 20)
+    np.testing.assert_allclose(g.angles_deg, np.arange(9) * 20.0, atol=1e-9)  # from 0
     new = _notifications()[n_before:]
     assert any(n.severity == "warning" and "no projection angles" in n.message for n in new)
 
@@ -138,25 +138,25 @@ def test_reader_opens_result_files(make_napari_viewer, tmp_path, sino):
     write_result(tmp_path / "res.h5", result)
     viewer.open(str(tmp_path / "res.h5"), plugin="ctuq")
     names = [lay.name for lay in viewer.layers]
-    assert names == ["res FBP", "res truth", "res reconstruction", "res std", "res |error|"]
+    assert names == ["res FBP", "res truth", "res reconstruction", "res total std", "res |error|"]
     for lay in viewer.layers:
         assert lay.data.shape == (12, 12)
     cmaps = {lay.name: lay.colormap.name for lay in viewer.layers}
-    assert cmaps["res reconstruction"] == "gray" and cmaps["res std"] == "viridis"
+    assert cmaps["res reconstruction"] == "gray" and cmaps["res total std"] == "viridis"
     assert cmaps["res |error|"] == "magma"
-    np.testing.assert_array_equal(viewer.layers["res std"].data, result.std)
+    np.testing.assert_array_equal(viewer.layers["res total std"].data, result.std)
     np.testing.assert_allclose(viewer.layers["res |error|"].data,
                                np.abs(result.reconstruction - result.ground_truth))
     # gray layers share the truth's range; the std map starts at 0
     assert tuple(viewer.layers["res reconstruction"].contrast_limits) == (0.0, 1.0)
-    lo, hi = viewer.layers["res std"].contrast_limits
+    lo, hi = viewer.layers["res total std"].contrast_limits
     assert lo == 0.0 and hi == pytest.approx(np.percentile(result.std, 99.5), rel=1e-5)
     # without truth and FBP: only reconstruction and std
     bare = Result(result.reconstruction, result.std)
     write_result(tmp_path / "bare.h5", bare)
     viewer.layers.clear()
     viewer.open(str(tmp_path / "bare.h5"), plugin="ctuq")
-    assert [lay.name for lay in viewer.layers] == ["bare reconstruction", "bare std"]
+    assert [lay.name for lay in viewer.layers] == ["bare reconstruction", "bare total std"]
 
 
 @pytest.mark.parametrize("case", ["garbage.h5", "nan.npz", "truncated.nxs"])
@@ -201,7 +201,7 @@ def test_writer_round_trip(make_napari_viewer, tmp_path, sino):
     assert written == [str(tmp_path / "again.h5")]
     assert read_result(tmp_path / "again.h5") == result
     # an edited std layer is what gets written
-    viewer.layers["res std"].data = viewer.layers["res std"].data * 2
+    viewer.layers["res total std"].data = viewer.layers["res total std"].data * 2
     viewer.layers.save(str(tmp_path / "edited.h5"), selected=True, plugin="ctuq")
     np.testing.assert_array_equal(read_result(tmp_path / "edited.h5").std, 2 * result.std)
 
@@ -212,7 +212,7 @@ def test_writer_saves_a_single_layer(make_napari_viewer, tmp_path, sino):
     result = _result(sino)
     write_result(tmp_path / "res.h5", result)
     viewer.open(str(tmp_path / "res.h5"), plugin="ctuq")
-    viewer.layers.selection = {viewer.layers["res std"]}
+    viewer.layers.selection = {viewer.layers["res total std"]}
     written = viewer.layers.save(str(tmp_path / "std.h5"), selected=True, plugin="ctuq")
     assert written == [str(tmp_path / "std.h5")]
     back = read_result(tmp_path / "std.h5")
@@ -224,7 +224,7 @@ def test_writer_saves_a_single_layer(make_napari_viewer, tmp_path, sino):
         assert h["entry/data/std"].attrs["units"] == "1/mm"
     viewer.layers.clear()
     viewer.open(str(tmp_path / "std.h5"), plugin="ctuq")      # and it opens again
-    assert [lay.name for lay in viewer.layers] == ["std std"]
+    assert [lay.name for lay in viewer.layers] == ["std total std"]
     # the FBP alone, too
     viewer.layers.clear()
     viewer.open(str(tmp_path / "res.h5"), plugin="ctuq")
@@ -247,7 +247,7 @@ def test_writer_refuses_what_is_not_a_result(make_napari_viewer, tmp_path, sino)
 
 
 def test_layers_are_in_physical_units(make_napari_viewer, tmp_path, sino):
-    """Result layers in mm (scale = pixel size, rotation axis at 0), sinograms in deg x mm."""
+    """Result layers in mm (scale = pixel size, rotation axis at 0), sinograms in index space."""
     from ctuq.data.geometry import Geometry as G
 
     viewer = make_napari_viewer()
@@ -256,7 +256,7 @@ def test_layers_are_in_physical_units(make_napari_viewer, tmp_path, sino):
     r.geometry = g
     write_result(tmp_path / "res.h5", r)
     viewer.open(str(tmp_path / "res.h5"), plugin="ctuq")
-    lay = viewer.layers["res std"]
+    lay = viewer.layers["res total std"]
     assert tuple(lay.scale) == (0.25, 0.25)
     assert [str(u) for u in lay.units] == ["millimeter", "millimeter"]
     np.testing.assert_allclose(lay.translate, [(0.5 - 6) * 0.25] * 2)
@@ -265,14 +265,49 @@ def test_layers_are_in_physical_units(make_napari_viewer, tmp_path, sino):
     write_sinogram(tmp_path / "s.nxs", sino)
     viewer.open(str(tmp_path / "s.nxs"), plugin="ctuq")
     s = viewer.layers["s"]
-    assert [str(u) for u in s.units] == ["degree", "millimeter"]
-    assert s.scale[0] == pytest.approx(18.0)
+    # index space: an angle is not a length, and napari has one unit per world axis
+    assert [str(u) for u in s.units] == ["pixel", "pixel"] and tuple(s.scale) == (1.0, 1.0)
+
+
+def test_result_opens_three_std_layers_on_one_scale(make_napari_viewer, tmp_path, sino):
+    """Total, posterior and model-error std, as the README promises, comparable by colour."""
+    viewer = make_napari_viewer()
+    r = _result(sino)
+    rng = np.random.default_rng(1)
+    r.posterior_std = rng.uniform(0.0, 0.1, r.std.shape).astype(np.float32)
+    r.model_error_std = np.sqrt(np.maximum(r.std ** 2 - r.posterior_std ** 2, 0))
+    write_result(tmp_path / "res.h5", r)
+    n_before = len(_notifications())
+    viewer.open(str(tmp_path / "res.h5"), plugin="ctuq")
+    names = [lay.name for lay in viewer.layers]
+    assert names == ["res FBP", "res truth", "res reconstruction", "res model-error std",
+                     "res posterior std", "res total std", "res |error|"]
+    for name, arr in (("res total std", r.std), ("res posterior std", r.posterior_std),
+                      ("res model-error std", r.model_error_std)):
+        lay = viewer.layers[name]
+        np.testing.assert_array_equal(lay.data, arr)
+        assert tuple(lay.contrast_limits) == tuple(viewer.layers["res total std"].contrast_limits)
+        assert [str(u) for u in lay.units] == ["millimeter", "millimeter"]
+    assert not any("units" in n.message for n in _notifications()[n_before:])
+    # saved together, the three come back
+    viewer.layers.selection = {viewer.layers[n] for n in ("res reconstruction", "res total std",
+                                                          "res posterior std",
+                                                          "res model-error std")}
+    viewer.layers.save(str(tmp_path / "back.h5"), selected=True, plugin="ctuq")
+    back = read_result(tmp_path / "back.h5")
+    np.testing.assert_array_equal(back.posterior_std, r.posterior_std)
+    np.testing.assert_array_equal(back.model_error_std, r.model_error_std)
 
 
 def test_sample_data(make_napari_viewer):
     viewer = make_napari_viewer()
+    n_before = len(_notifications())
     viewer.open_sample("ctuq", "digit")
     viewer.open_sample("ctuq", "shepp_logan")
+    viewer.scale_bar.visible = True
+    # sinograms and their truths share index space: no "Inconsistent units" warning
+    assert not any("unit" in n.message.lower() for n in _notifications()[n_before:])
+    assert viewer.layers.units is not None
     shapes = {lay.name: lay.data.shape for lay in viewer.layers}
     assert shapes == {"digit": (20, 40), "digit truth": (28, 28),
                       "shepp_logan": (60, 91), "shepp_logan truth": (64, 64)}

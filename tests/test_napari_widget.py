@@ -80,6 +80,8 @@ def test_layout_and_geometry_fields(viewer_widget):
     # a plain image layer (no ctuq metadata) gets defaults from its shape
     viewer.add_image(np.zeros((30, 50), np.float32), name="plain")
     w.layer_combo.setCurrentText("plain")
+    # and the readers' angles for a bare array: i * 180 / n from 0
+    np.testing.assert_allclose(w.geometry().angles_deg, np.arange(30) * 6.0, atol=1e-9)
     assert (_geo(w, "n_angles"), _geo(w, "n_detector"), _geo(w, "image_size")) == (30, 50, 50)
     assert w.sinogram().ground_truth is None
     # renaming keeps the selection
@@ -194,7 +196,7 @@ def test_cancel_during_hyperparameter_fit(viewer_widget, qtbot):
     n_layers = len(viewer.layers)
     w.run()
     qtbot.waitUntil(lambda: w.progress_bars["em"].value() >= 1, timeout=120_000)
-    assert w.progress_bars["em"].maximum() == 501
+    assert w.progress_bars["em"].maximum() == 500      # em_steps, not E-steps
     for delay_ms in (0, 700):                # right after an E-step, then mid-step
         qtbot.wait(delay_ms)
         assert w.is_running
@@ -209,27 +211,40 @@ def test_cancel_during_hyperparameter_fit(viewer_widget, qtbot):
 
 def test_run_end_to_end(viewer_widget, qtbot, tmp_path):
     viewer, w = viewer_widget
+    n_before = len(_notifications())
     _tiny(w)
     w.run()
     qtbot.waitUntil(lambda: not w.is_running, timeout=300_000)
     qtbot.waitUntil(lambda: w.run_button.isEnabled(), timeout=5_000)
     assert w.last_result is not None, w.status_label.text()
-    names = [lay.name for lay in viewer.layers]
-    for name in ("digit FBP", "digit reconstruction", "digit std", "digit |error|"):
+    # the sinogram (index space) and the images (mm) cannot share napari's world:
+    # the results have a viewer of their own, with consistent units
+    results = w.results_viewer()
+    assert results is not viewer
+    assert results.layers.extent.units is not None                  # no "Inconsistent units"
+    assert not any("units" in n.message for n in _notifications()[n_before:])
+    names = [lay.name for lay in results.layers]
+    for name in ("digit FBP", "digit reconstruction", "digit total std", "digit posterior std",
+                 "digit model-error std", "digit |error|"):
         assert name in names
-        assert viewer.layers[name].data.shape == (28, 28)
-    assert names.count("digit truth") == 1               # not added twice
-    assert viewer.layers["digit std"].colormap.name == "viridis"
-    assert viewer.layers["digit |error|"].colormap.name == "magma"
-    assert np.all(viewer.layers["digit std"].data >= 0)
-    assert grid_of(viewer).enabled
-    # physical units, a colorbar per result image, names in the grid panels, a scale bar
-    for name in ("digit reconstruction", "digit std", "digit |error|"):
-        lay = viewer.layers[name]
+        assert results.layers[name].data.shape == (28, 28)
+    assert names.count("digit truth") == 1
+    assert results.layers["digit total std"].colormap.name == "viridis"
+    assert results.layers["digit |error|"].colormap.name == "magma"
+    assert np.all(results.layers["digit total std"].data >= 0)
+    assert grid_of(results).enabled
+    # physical units, a colorbar per result image, names in the grid panels, a scale bar in
+    # mm, the colour bars' unit in a caption
+    for name in ("digit reconstruction", "digit total std", "digit posterior std",
+                 "digit model-error std", "digit |error|"):
+        lay = results.layers[name]
         assert [str(u) for u in lay.units] == ["millimeter", "millimeter"], name
         assert tuple(lay.scale) == (1.0, 1.0)
         assert lay.colorbar.visible and lay.name_overlay.visible, name
-    assert viewer.scale_bar.visible
+    assert results.scale_bar.visible
+    assert [str(u) for u in results.layers.units] == ["millimeter", "millimeter"]
+    caption = results.canvas.overlays.text
+    assert caption.visible and caption.text == "colour bars in 1/mm"
     assert w.last_result.posterior is not None          # the fitted posterior, in memory
     for stage in ("fbp", "dip", "em", "predictive"):
         bar = w.progress_bars[stage]
@@ -244,7 +259,9 @@ def test_run_end_to_end(viewer_widget, qtbot, tmp_path):
     assert read_result(out) == w.last_result
     # showing a result again (a second run) updates the layers instead of adding new ones
     w.show_result(w.last_result, "digit")
-    assert [lay.name for lay in viewer.layers] == names
+    assert w.results_viewer() is results and [lay.name for lay in results.layers] == names
+    w.close_results_viewer()
+    assert w._results_viewer is None
 
 
 def test_gui_opens_file_with_widget_docked(qtbot, tmp_path):

@@ -52,6 +52,21 @@ def _help(spec) -> str:
     return text
 
 
+def _metavar(spec) -> str | None:
+    """What the value looks like in ``--help`` (typer would print ``<str>`` for a size)."""
+    if spec.kind is bool:
+        return None
+    if spec.choices:
+        return "|".join(map(str, spec.choices))
+    if spec.kind is int:
+        return "N[xM]" if spec.pair else "N"
+    if spec.kind is float:
+        return "NUMBER"
+    if spec.kind is list:
+        return "A,B,..."
+    return "TEXT"
+
+
 def generated_parameters(groups=("geometry", "read")) -> list[inspect.Parameter]:
     """Keyword-only typer parameters, one per setting of the given groups."""
     params = []
@@ -60,7 +75,7 @@ def generated_parameters(groups=("geometry", "read")) -> list[inspect.Parameter]
         for name, (spec, _default) in specs(cls).items():
             decl = f"{flag(name)}/--no-{name.replace('_', '-')}" if spec.kind is bool \
                 else flag(name)
-            opt = typer.Option(None, decl, help=_help(spec),
+            opt = typer.Option(None, decl, help=_help(spec), metavar=_metavar(spec),
                                rich_help_panel=f"{group.capitalize()} options ([{group}])")
             params.append(inspect.Parameter(f"{group}__{name}", inspect.Parameter.KEYWORD_ONLY,
                                             default=opt, annotation=_annotation(spec)))

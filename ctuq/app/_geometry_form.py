@@ -29,7 +29,7 @@ FIELDS = {"beam": "Beam", "n_angles": "Angles", "angle_first": "First angle (°)
           "image_size": "Image size (px)", "source_origin": "Source–axis (mm)",
           "origin_detector": "Axis–detector (mm)", "center_offset": "Centre offset (px)"}
 #: What the fields hold before a layer fills them.
-START = dict(beam="parallel", n_angles=180, angle_first=0.5, angle_last=179.5, n_detector=256,
+START = dict(beam="parallel", n_angles=180, angle_first=0.0, angle_last=179.0, n_detector=256,
              detector_spacing=1.0, pixel_size=1.0, image_size=256, source_origin=1000.0,
              origin_detector=1000.0, center_offset=0.0)
 #: Decimals shown (and kept) per float field: µm for sizes, 1e-4° for angles.
@@ -84,13 +84,15 @@ class GeometryForm(QGroupBox):
 
         n_angles, n_det = layer.data.shape[-2:]
         geom = layer.metadata.get(GEOMETRY)
+        # no geometry: i * 180 / n degrees from 0, as the readers assume for bare arrays
+        from_zero = np.arange(n_angles) * (np.pi / n_angles)
         try:
             g = Geometry.from_dict(geom) if geom else Geometry.parallel(
-                n_det, n_angles, n_detector=n_det)
+                n_det, angles=from_zero, n_detector=n_det)
         except InputError as err:
             log.warning("layer %s: unusable geometry metadata (%s); using defaults",
                         layer.name, err)
-            g = Geometry.parallel(n_det, n_angles, n_detector=n_det)
+            g = Geometry.parallel(n_det, angles=from_zero, n_detector=n_det)
         deg = g.angles_deg
         # the shape first: a change of the image-size field reads it
         self._image_shape = tuple(g.image_shape)

@@ -4,8 +4,8 @@ A sinogram opens as one image layer (``[angles, detector]``, or a stack
 ``[slices, angles, detector]``) whose ``metadata`` holds what the
 reconstruction widget needs (see :func:`sinogram_layers`); a known ground
 truth adds a second layer. A ctuq result file opens as reconstruction, std
-and, when stored, FBP, ground truth and |error| layers (see
-:func:`result_layers`).
+and, when stored, FBP, ground truth and |error| layers, and the std's two
+parts, posterior std and model-error std (see :func:`result_layers`).
 
 The reader refuses (returns ``None``, so that napari tries other readers)
 only files that are clearly not ctuq's: a path that is not a file, or a file
@@ -17,9 +17,14 @@ Files are opened in a child process with a time limit
 (:mod:`ctuq.data.io.isolated`): a corrupt HDF5 file that crashes or hangs the
 HDF5 library is one error notification, never a dead or frozen viewer.
 
-Layers are in physical units: images in mm (``scale`` = pixel size,
-``translate`` putting the rotation axis at 0), sinograms in degrees × mm;
-``units`` are set, so napari's scale bar reads mm.
+Result images are in physical units: mm (``scale`` = pixel size,
+``translate`` putting the rotation axis at 0, ``units`` mm), so napari's
+scale bar reads mm. A sinogram file's layers (the sinogram and its truth)
+are in index space (angle row × detector pixel, image pixels; no units):
+napari draws all layers of a viewer in one world with one unit per axis, and
+an angle is not a length, so a sinogram in degrees × mm beside images in mm
+would make napari drop the units of every layer (the reconstruction widget
+shows its results in a viewer of their own for that reason).
 """
 
 from __future__ import annotations
@@ -48,7 +53,10 @@ RESULT_INFO = "ctuq_result"      # (reconstruction layers) the rest of the Resul
 
 #: Layer-name suffixes of the result layers (``"<name> reconstruction"``...).
 SUFFIX = {"fbp": "FBP", "ground_truth": "truth", "reconstruction": "reconstruction",
-          "std": "std", "error": "|error|"}
+          "std": "total std", "posterior_std": "posterior std",
+          "model_error_std": "model-error std", "error": "|error|"}
+#: Roles of the three std layers, drawn on one colour scale.
+STD_ROLES = ("std", "posterior_std", "model_error_std")
 
 LayerData = tuple[Any, dict, str]
 
@@ -137,18 +145,16 @@ def sinogram_layers(sinogram, name: str, *, assumed: bool = False) -> list[Layer
             SINOGRAM_META: dict(sinogram.meta), ASSUMED: bool(assumed)}
     if sinogram.ground_truth is not None:
         meta[GROUND_TRUTH] = sinogram.ground_truth
-    lead = data.ndim - 2  # a stack's slice axis keeps unit steps
-    place = _lead(sinogram_placement(sinogram.geometry), lead)
+    # index space, no units: see the module's docstring
     layers = [(data, {"name": name, "colormap": "gray", "metadata": meta,
-                      "contrast_limits": _limits(*np.percentile(data, [0.5, 99.5])),
-                      **place}, "image")]
+                      "contrast_limits": _limits(*np.percentile(data, [0.5, 99.5]))},
+               "image")]
     if sinogram.ground_truth is not None:
         gt = sinogram.ground_truth
         layers.append((gt, {"name": f"{name} {SUFFIX['ground_truth']}", "colormap": "gray",
                             "contrast_limits": image_limits(gt, gt),
                             "metadata": {ROLE: "ground_truth",
-                                         GEOMETRY: sinogram.geometry.to_dict()},
-                            **_lead(image_placement(sinogram.geometry), gt.ndim - 2)},
+                                         GEOMETRY: sinogram.geometry.to_dict()}},
                        "image"))
     return layers
 
@@ -177,10 +183,12 @@ def result_layers(result, name: str) -> list[LayerData]:
     """Layer data of a :class:`~ctuq.data.io.Result`.
 
     Layers, bottom to top: ``"<name> FBP"`` (if stored, gray), ``"<name> truth"``
-    (if known, gray), ``"<name> reconstruction"`` (gray), ``"<name> std"``
-    (viridis), ``"<name> |error|"`` (if the truth is known, magma). Gray
-    layers share the truth's range (else the reconstruction's 1–99 %); std
-    and |error| go from 0 to their 99.5 %.
+    (if known, gray), ``"<name> reconstruction"`` (gray), ``"<name> model-error
+    std"``, ``"<name> posterior std"`` and ``"<name> total std"`` (each if
+    stored; viridis), ``"<name> |error|"`` (if the truth is known, magma).
+    Gray layers share the truth's range (else the reconstruction's 1–99 %);
+    the three std maps share one scale, 0 to the total std's 99.5 %, so that
+    they compare by colour; |error| goes from 0 to its 99.5 %.
     """
     truth = result.ground_truth
     rec_limits = image_limits(result.image, truth)
@@ -197,10 +205,8 @@ def result_layers(result, name: str) -> list[LayerData]:
                 "image")
 
     # the result's other fields ride on the first of reconstruction / std / any image
-    carrier = next(n for n in ("reconstruction", "std", "fbp", "ground_truth")
-                   if getattr(result, n) is not None) if any(
-        getattr(result, n) is not None for n in ("reconstruction", "std", "fbp", "ground_truth")
-    ) else None
+    shown = ("reconstruction", "std", "posterior_std", "model_error_std", "fbp", "ground_truth")
+    carrier = next((n for n in shown if getattr(result, n) is not None), None)
     layers: list[LayerData] = []
     if result.fbp is not None:
         layers.append(layer("fbp", result.fbp, "gray", rec_limits,
@@ -211,9 +217,14 @@ def result_layers(result, name: str) -> list[LayerData]:
     if result.reconstruction is not None:
         layers.append(layer("reconstruction", result.reconstruction, "gray", rec_limits,
                             **info))
-    if result.std is not None:
-        layers.append(layer("std", result.std, "viridis", positive_limits(result.std),
-                            **(info if carrier == "std" else {})))
+    spreads = {r: getattr(result, r) for r in STD_ROLES if getattr(result, r) is not None}
+    if spreads:
+        top = spreads.get("std", next(iter(spreads.values())))
+        std_limits = positive_limits(top)
+        for role in ("model_error_std", "posterior_std", "std"):  # the total on top
+            if role in spreads:
+                layers.append(layer(role, spreads[role], "viridis", std_limits,
+                                    **(info if carrier == role else {})))
     if truth is not None and result.reconstruction is not None:
         err = np.abs(result.reconstruction - truth)
         layers.append(layer("error", err, "magma", positive_limits(err)))
@@ -256,9 +267,10 @@ def read_layers(path) -> list[LayerData]:
         return sinogram_layers(sino, name)
     from napari.utils.notifications import show_warning
 
+    n = sino.geometry.n_angles
     show_warning(f"{os.path.basename(path)}: the file has no projection angles; assuming "
-                 f"{sino.geometry.n_angles} equispaced angles over 180°. Check the geometry in "
-                 "the ctuq widget.")
+                 f"{n} angles i·180°/{n} (0° to {180 * (n - 1) / n:g}°). Check the geometry "
+                 "in the ctuq widget.")
     return sinogram_layers(sino, name, assumed=True)
 
 

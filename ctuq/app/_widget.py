@@ -36,6 +36,7 @@ from qtpy.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGri
                             QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton,
                             QScrollArea, QTabWidget, QVBoxLayout, QWidget)
 
+from ctuq.app._cli_output import stage_counts
 from ctuq.app._geometry_form import GeometryForm
 from ctuq.app._reader import ASSUMED, GROUND_TRUTH, ROLE, SINOGRAM_META, SUFFIX, result_layers
 from ctuq.app._result_plot import ResultPlot
@@ -73,7 +74,14 @@ def grid_of(viewer):
 
 
 #: Roles of layers that get a colorbar (images with a value scale worth reading).
-COLORBAR_ROLES = ("reconstruction", "std", "error", "fbp", "ground_truth")
+COLORBAR_ROLES = ("reconstruction", "std", "posterior_std", "model_error_std", "error", "fbp",
+                  "ground_truth")
+
+
+def in_mm(layer) -> bool:
+    """Whether a layer's displayed axes are in mm (result images are; sinograms are not)."""
+    units = getattr(layer, "units", ()) or ()
+    return len(units) >= 2 and all(str(u) in ("mm", "millimeter") for u in units[-2:])
 
 
 def style_result_layer(viewer, layer) -> None:
@@ -85,11 +93,24 @@ def style_result_layer(viewer, layer) -> None:
         layer.name_overlay.visible = True  # the layer's name in its grid panel
         if role in COLORBAR_ROLES:
             layer.colorbar.visible = True
-        units = getattr(layer, "units", ())
-        if units and all(str(u) in ("mm", "millimeter") for u in units[-2:]):
+            value_unit = layer.metadata.get("units")
+            if value_unit:  # napari's colour bars have no title: one caption says the unit
+                text = _canvas_text(viewer)
+                text.text = f"colour bars in {value_unit}"
+                text.position = "bottom_right"
+                text.visible = True
+        if in_mm(layer):
             viewer.scale_bar.visible = True
     except (AttributeError, ValueError) as err:  # an older napari: plain layers
         log.debug("cannot style layer %s: %s", layer.name, err)
+
+
+def _canvas_text(viewer):
+    """The viewer's canvas text overlay (``viewer.canvas.overlays.text`` in napari >= 0.9)."""
+    canvas = getattr(viewer, "canvas", None)
+    overlays = getattr(canvas, "overlays", None)
+    text = getattr(overlays, "text", None)
+    return text if text is not None else viewer.text_overlay
 
 
 class _Relay(QObject):
@@ -133,6 +154,8 @@ class CtuqWidget(QWidget):
         self._busy = False
         self._selected_ref: weakref.ref | None = None
         self._window_filter_installed = False
+        self._results_viewer = None
+        self._main_window: weakref.ref | None = None
         self._build_ui()
         events = self.viewer.layers.events
         events.inserted.connect(self._on_inserted)
@@ -463,6 +486,7 @@ class CtuqWidget(QWidget):
         stage, step, total, message = event
         base, _, rest = stage.partition(" [")
         key = base.split("/")[0].split(":")[0].strip() or "other"
+        step, total, message = stage_counts(key, step, total, message)
         bar = self.progress_bars.get(key) or self._progress_bar(key, key)
         if rest:
             self._progress_labels[key].setText(f"{STAGES.get(key, key)} [{rest}")
@@ -493,21 +517,56 @@ class CtuqWidget(QWidget):
         self._set_busy(False)
 
     # -- results ----------------------------------------------------------
+    def results_viewer(self):
+        """The viewer the result layers go to.
+
+        This widget's viewer, unless it holds layers that are not in mm (the
+        sinogram, in index space): napari draws a viewer's layers in one world
+        with one unit per axis, and would drop the units of every layer (no
+        mm on the scale bar). The results then go to a second viewer, *ctuq
+        results*, reused by later runs and closed with this one.
+        """
+        if all(in_mm(lay) for lay in self.viewer.layers):
+            return self.viewer
+        if self._results_viewer is None or self._results_viewer_closed():
+            import napari
+
+            window = getattr(_unwrap(self.viewer).window, "_qt_window", None)
+            self._results_viewer = napari.Viewer(
+                title="ctuq results", show=bool(window is not None and window.isVisible()))
+            events = self._results_viewer.layers.events
+            viewer = self._results_viewer
+            events.inserted.connect(lambda event: style_result_layer(viewer, event.value))
+        return self._results_viewer
+
+    def _results_viewer_closed(self) -> bool:
+        try:
+            return self._results_viewer.window._qt_window is None
+        except (AttributeError, RuntimeError):
+            return True
+
+    def close_results_viewer(self) -> None:
+        """Close the second viewer of the results, if one is open."""
+        if self._results_viewer is not None and not self._results_viewer_closed():
+            self._results_viewer.close()
+        self._results_viewer = None
+
     def show_result(self, result, name: str) -> None:
         """Add (or update) the result layers of ``result`` and dock the plot."""
         self.last_result, self.last_name = result, name
+        target = self.results_viewer()
         for data, kwargs, _ in result_layers(result, name):
             if kwargs["metadata"][ROLE] == "ground_truth" and any(
                     lay.metadata.get(ROLE) == "ground_truth" and lay.name.startswith(name)
-                    for lay in self.viewer.layers):
-                continue  # the truth is already shown (it came with the sinogram)
-            self._set_layer(data, kwargs)
+                    and in_mm(lay) for lay in target.layers):
+                continue  # the truth is already shown
+            self._set_layer(target, data, kwargs)
         if self.grid_check.isChecked():
-            grid_of(self.viewer).enabled = True
+            grid_of(target).enabled = True
         rec_name = f"{name} {SUFFIX['reconstruction']}"
-        if rec_name in self.viewer.layers:
-            self.viewer.layers.selection.active = self.viewer.layers[rec_name]
-        self.viewer.reset_view()
+        if rec_name in target.layers:
+            target.layers.selection.active = target.layers[rec_name]
+        target.reset_view()
         self._show_plot(result)
         shown, full = self._metrics_text(result)
         self.metrics_label.setText(shown)
@@ -515,10 +574,10 @@ class CtuqWidget(QWidget):
         self.status_label.setText(f"Done: {name}.")
         self.export_button.setEnabled(True)
 
-    def _set_layer(self, data, kwargs) -> None:
+    def _set_layer(self, viewer, data, kwargs) -> None:
         name = kwargs["name"]
-        if name in self.viewer.layers:
-            layer = self.viewer.layers[name]
+        if name in viewer.layers:
+            layer = viewer.layers[name]
             layer.data = data
             layer.metadata = kwargs["metadata"]
             layer.contrast_limits_range = kwargs["contrast_limits"]
@@ -527,9 +586,9 @@ class CtuqWidget(QWidget):
             for key in ("scale", "translate", "units"):
                 if key in kwargs:
                     setattr(layer, key, kwargs[key])
-            style_result_layer(self.viewer, layer)
+            style_result_layer(viewer, layer)
         else:
-            self.viewer.add_image(data, **kwargs)
+            viewer.add_image(data, **kwargs)
 
     #: Metrics shown under the buttons (all of them are in the label's tooltip).
     SHOWN_METRICS = (("psnr", "PSNR {:.2f} dB"), ("psnr_fbp", "(FBP {:.2f} dB)"),
@@ -590,10 +649,13 @@ class CtuqWidget(QWidget):
         if not self._window_filter_installed and window is not self:
             window.installEventFilter(self)
             self._window_filter_installed = True
+            self._main_window = weakref.ref(window)
 
     def eventFilter(self, obj, event) -> bool:  # noqa: N802 - Qt API
         # closing the main window cancels a running job, so that napari does not
         # wait for a long reconstruction to finish before it quits
         if event.type() == QEvent.Close:
             self._cancel_event.set()
+            if self._main_window is not None and obj is self._main_window():
+                self.close_results_viewer()  # the results' viewer closes with the main one
         return False

@@ -29,7 +29,8 @@ _INFO_FIELDS = ("config", "hyperparameters", "em_trace", "metrics", "input_path"
                 "input_sha256", "seed", "device", "units", "version", "created",
                 "provenance", "variance", "samples", "dip")
 #: Layer roles that are images of a result.
-_IMAGE_ROLES = ("reconstruction", "std", "fbp", "ground_truth", "dip", "variance")
+_IMAGE_ROLES = ("reconstruction", "std", "posterior_std", "model_error_std", "fbp",
+                "ground_truth", "dip", "variance")
 
 
 def _role(attributes: dict) -> str | None:
@@ -37,7 +38,8 @@ def _role(attributes: dict) -> str | None:
     if role:
         return role
     name = str(attributes.get("name", ""))
-    for key, suffix in SUFFIX.items():
+    # the longest suffix first: "x posterior std" is not "x std"
+    for key, suffix in sorted(SUFFIX.items(), key=lambda kv: -len(kv[1])):
         if name.endswith(" " + suffix) or name == suffix:
             return key
     return None

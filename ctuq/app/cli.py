@@ -25,7 +25,8 @@ from rich.text import Text
 from ctuq import __version__
 from ctuq.app._cli_options import with_settings
 from ctuq.app._cli_output import (BatchBars, err_console, error_line, kv_table, note,
-                                  out_console, summary_table, write_summary_json)
+                                  out_console, result_rows, sinogram_rows, summary_table,
+                                  write_summary_json)
 from ctuq.errors import CtuqError, InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -98,8 +99,9 @@ def demo(out: Path = typer.Option(Path("demo_out"), "--out", help="Output folder
     """Simulate a Shepp–Logan sinogram and reconstruct it with uncertainty.
 
     Writes demo.h5 (the result file), demo_sinogram.h5 (the input, NXtomo
-    with its truth) and demo.png (truth, FBP, reconstruction, std map,
-    |error|, calibration curve, EM trace), and prints the metrics.
+    with its truth) and demo.png (truth, FBP, reconstruction, the total,
+    posterior and model-error std maps, |error|, calibration curve, EM
+    trace), and prints the metrics.
     """
     from ctuq.app.figures import result_figure
     from ctuq.data.geometry import Geometry
@@ -320,40 +322,11 @@ def info(path: Path = typer.Argument(..., help="A sinogram or result file."),
     else:
         fmt = detect_format(path)
         obj = read_result(path) if fmt == "result" else read_sinogram(path, **kwargs)
-    rows = []
     if fmt == "result":
-        r = obj
-        for name in ("reconstruction", "std", "fbp", "ground_truth"):
-            v = getattr(r, name)
-            if v is not None:
-                rows.append((name, f"{tuple(v.shape)} float32" + (f" [{r.units}]" if r.units
-                                                                  else "")))
-        if r.std is not None:
-            rows.append(("mean std", f"{float(r.std.mean()):.4g}"))
-        if r.geometry is not None:
-            rows.append(("geometry", repr(r.geometry)))
-        rows.append(("created", f"{r.created} by ctuq {r.version} on {r.device}"))
-        rows.append(("input", f"{r.input_path} (sha256 {str(r.input_sha256)[:12]}…)"))
-        rows.append(("seed", str(r.seed)))
-        prov = r.provenance or {}
-        if prov.get("versions"):
-            rows.append(("libraries", ", ".join(f"{k} {v}" for k, v in prov["versions"].items())))
-        if "threads" in prov:
-            rows.append(("threads", str(prov["threads"])))
-        for k, v in r.hyperparameters.items():
-            rows.append((f"hyperparameter {k}", _short(v)))
-        if r.em_trace:
-            rows.append(("EM steps", str(len(r.em_trace))))
-        for k, v in r.metrics.items():
-            rows.append((f"metric {k}", _short(v)))
+        rows = result_rows(obj)
     else:
-        s = obj
-        rows.append(("sinogram", f"{tuple(s.data.shape)} float32"))
-        rows.append(("geometry", repr(s.geometry)))
-        rows.append(("ground truth", "yes" if s.ground_truth is not None else "no"))
-        for k, v in s.meta.items():
-            rows.append((k, _short(v)))
-    kv_table(f"{path} ({fmt})", rows)
+        rows = sinogram_rows(obj)
+    kv_table(f"{path} ({'ctuq result' if fmt == 'result' else fmt + ' sinogram'})", rows)
 
 
 @app.command()
@@ -366,7 +339,8 @@ def gui(path: Path = typer.Argument(None, help="A sinogram or result file to ope
 
 @app.command()
 @with_settings("geometry", "read")
-def reconstruct(inputs: list[Path] = typer.Argument(..., help="Sinogram files."),
+def reconstruct(inputs: list[Path] = typer.Argument(..., help="Sinogram files.",
+                                                    metavar="FILE"),
                 out: Path = typer.Option(..., "--out", help="Output folder."),
                 config: Path = typer.Option(None, "--config", help="TOML settings file."),
                 preset: str = typer.Option(None, help="auto | reference-28 | dip-64 | dip-128 | "
@@ -571,14 +545,17 @@ def bench_classify(
                   f"{out / 'rotation.png'}")
 
 
-def _short(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.5g}"
-    if isinstance(value, (list, tuple)) and len(value) > 6:
-        return f"[{', '.join(_short(v) for v in value[:6])}, …] ({len(value)})"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_short(v) for v in value) + "]"
-    return str(value)
+#: Commands whose work survives Ctrl-C: finished result files are kept and the
+#: finished stages of the file in progress are checkpointed.
+_RESUMABLE = ("reconstruct",)
+
+
+def _interrupted_message(args) -> str:
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command in _RESUMABLE:
+        return ("interrupted: run the same command again to resume (finished files are kept; "
+                "the file in progress restarts from its last finished stage)")
+    return "interrupted"
 
 
 def _click_exceptions():
@@ -610,10 +587,13 @@ def main(argv=None) -> int:
         error_line(str(err))
         return 2
     except KeyboardInterrupt:
-        error_line("interrupted", prefix="")
+        error_line(_interrupted_message(args), prefix="")
         return 130
     except (typer.Exit, SystemExit) as exc:
-        return int(getattr(exc, "exit_code", getattr(exc, "code", 0)) or 0)
+        code = int(getattr(exc, "exit_code", getattr(exc, "code", 0)) or 0)
+        if code == 130:
+            error_line(_interrupted_message(args), prefix="")
+        return code
     except typer.Abort:
         error_line("aborted")
         return 1
@@ -636,6 +616,8 @@ def main(argv=None) -> int:
         error_line(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the "
                    "traceback and please report it)")
         return 1
+    if rc == 130:  # Ctrl-C: typer turns the KeyboardInterrupt into this exit code
+        error_line(_interrupted_message(args), prefix="")
     return rc if isinstance(rc, int) else 0
 
 

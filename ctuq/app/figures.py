@@ -77,7 +77,9 @@ def result_figure(path, result, title: str | None = None) -> Path:
         ax.set_title(name)
         ax.axis("off")
         if name in ("std (total)", "posterior std", "model-error std", "|error|"):
-            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+            bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+            if result.units:
+                bar.set_label(result.units)
     k = len(panels)
     if truth is not None:
         ax = axes[k]

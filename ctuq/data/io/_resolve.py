@@ -16,7 +16,7 @@ import numpy as np
 
 from ctuq.data.geometry import Geometry
 from ctuq.data.io._common import isclose
-from ctuq.errors import InputError
+from ctuq.errors import InputError, did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,8 @@ def normalise(d: dict[str, Any], *, file, source: str) -> dict[str, Any]:
                          field=source)
     unknown = sorted(set(d) - set(_DICT_KEYS))
     if unknown:
-        raise InputError(f"unknown geometry field (known: {', '.join(_DICT_KEYS)})", file=file,
+        raise InputError(f"unknown geometry field{did_you_mean(unknown[0], _DICT_KEYS)} "
+                         f"(known: {', '.join(_DICT_KEYS)})", file=file,
                          field=f"{source}.{unknown[0]}")
     out: dict[str, Any] = {}
     for key, value in d.items():
@@ -137,7 +138,7 @@ def _same(key, a, b) -> bool:
         return a.shape == b.shape and bool(np.allclose(a, b, rtol=0, atol=1e-8))
     if key in ("beam", "image_shape", "n_detector"):
         return tuple(np.atleast_1d(a)) == tuple(np.atleast_1d(b))
-    if key == "image_offset":
+    if key in ("image_offset", "angle_ends"):
         return all(isclose(x, y) for x, y in zip(a, b))
     return isclose(a, b)
 
@@ -147,6 +148,8 @@ def _fmt(key, v) -> str:
         deg = np.rad2deg(v)
         head = ", ".join(f"{x:g}" for x in deg[:3])
         return f"{len(deg)} angles [{head}{', ...' if len(deg) > 3 else ''}] deg"
+    if key == "angle_ends":
+        return f"angles from {math.degrees(v[0]):g} to {math.degrees(v[1]):g} deg"
     return repr(v)
 
 
@@ -182,8 +185,11 @@ def from_options(*, angles=None, geometry=None, options: dict[str, Any], file
     -------
     partial : dict
     n_angles : int or None
-        The ``n_angles`` option when it alone gives the angles (equispaced
-        over the default range when no source gives angles).
+        The ``n_angles`` option (when it alone gives the angles: equispaced
+        over the default range when no source gives angles). The partial
+        geometry holds ``angle_ends`` (radians) for ``angle_first`` and
+        ``angle_last`` given without ``n_angles``: :func:`resolve` spaces as
+        many angles between them as the data have rows.
     angle_unit : str or None
         ``'deg'``/``'rad'`` when the user set it (it also says how to read
         file angles without a units attribute).
@@ -193,8 +199,8 @@ def from_options(*, angles=None, geometry=None, options: dict[str, Any], file
     opts = {k: v for k, v in options.items() if v is not None}
     unknown = sorted(set(opts) - set(GEOMETRY_OPTIONS))
     if unknown:
-        raise InputError(f"unknown option (known: geometry, {', '.join(GEOMETRY_OPTIONS)})",
-                         file=file, field=unknown[0])
+        raise InputError(f"unknown option{did_you_mean(unknown[0], GEOMETRY_OPTIONS)} (known: "
+                         f"geometry, {', '.join(GEOMETRY_OPTIONS)})", file=file, field=unknown[0])
     if "image_shape" in opts:
         shape = opts.pop("image_shape")
         if "image_size" in opts and _shape(opts["image_size"], file=file, field="image_size") \
@@ -229,7 +235,12 @@ def options_partial(go, *, geometry=None, file) -> tuple[dict[str, Any], int | N
     rad = go.angles_rad()
     if rad is not None:
         opt["angles"] = _angles_from(rad, degrees=False, file=file, field="angles")
-    n_angles = go.n_angles if rad is None else None
+    ends = go.angle_ends_rad()
+    if ends is not None:
+        opt["angle_ends"] = ends
+    # kept beside the angles it made, so a count that differs from the data's
+    # rows is reported as n_angles against the rows
+    n_angles = go.n_angles
     part = merge(part, opt, file=file, base_name="the geometry option",
                  extra_name="the other options")
     if n_angles is not None and "angles" in part and len(part["angles"]) != n_angles:
@@ -258,6 +269,15 @@ def default_image_side(beam: str, n_detector: int, spacing: float, pixel: float,
     return max(2, int(math.floor(2 * radius / pixel + 1e-9)))
 
 
+def _transposed(count: int, n_rows: int, n_det: int) -> str:
+    """A hint when ``count`` angles fit the data's columns but not its rows."""
+    if count == n_det and count != n_rows:
+        return (f"; its {n_det} columns would fit: is it transposed, [detector, angle] as "
+                "scikit-image's radon writes? Transpose it to [angle, detector], or pass "
+                "--convention skimage ([read] convention = \"skimage\")")
+    return ""
+
+
 def resolve(part: dict[str, Any], *, n_angles_data: int, n_detector_data: int,
             n_angles_opt: int | None = None, detector_distance: float | None = None,
             file) -> Geometry:
@@ -267,9 +287,13 @@ def resolve(part: dict[str, Any], *, n_angles_data: int, n_detector_data: int,
 
     * ``n_detector``: the data's last dimension (a different given value is
       an error);
-    * angles: ``n_angles_opt`` equispaced angles over 180 deg (parallel) or
-      360 deg (fan) at the cell midpoints, as :meth:`Geometry.parallel`
-      places them; with no ``n_angles`` either, an :class:`InputError`;
+    * angles between ``angle_ends`` (both included): as many as the data
+      have rows (``n_angles_opt``, when given, must equal that count);
+    * angles from ``n_angles_opt`` alone: ``i * 180 / n`` deg (parallel) or
+      ``i * 360 / n`` deg (fan), ``i = 0 .. n-1``, the angles of
+      scikit-image's ``radon`` (``np.linspace(0, 180, n, endpoint=False)``)
+      and of tomopy's ``angles(n)``; with no angles and no ``n_angles``, an
+      :class:`InputError`;
     * ``beam``: ``'fan'`` if a source distance is known, else ``'parallel'``;
     * fan beam ``origin_detector``: the file's detector distance if any;
     * ``detector_spacing`` / ``pixel_size``: each other times / divided by the
@@ -282,24 +306,38 @@ def resolve(part: dict[str, Any], *, n_angles_data: int, n_detector_data: int,
     if "n_detector" in g and g["n_detector"] != n_detector_data:
         raise InputError(f"the geometry has {g['n_detector']} detector pixels but the data have "
                          f"{n_detector_data}", file=file, field="n_detector")
+    if n_angles_opt is not None and n_angles_opt != n_angles_data:
+        hint = _transposed(n_angles_opt, n_angles_data, n_detector_data) or \
+            "; drop n_angles to take the count from the data"
+        raise InputError(f"n_angles={n_angles_opt} but the data have {n_angles_data} projection "
+                         f"rows (one per angle){hint}", file=file, field="n_angles")
+    ends = g.pop("angle_ends", None)
+    if ends is not None:
+        if n_angles_data > 1 and ends[0] == ends[1]:
+            raise InputError("angle_first equals angle_last: every angle the same", file=file,
+                             field="angle_last")
+        spaced = np.linspace(ends[0], ends[1], n_angles_data)
+        if "angles" in g and not _same("angles", g["angles"], spaced):
+            raise InputError(f"contradictory geometry: {_fmt('angles', g['angles'])} from the "
+                             f"file or sidecar, {_fmt('angle_ends', ends)} in the options",
+                             file=file, field="angle_first")
+        g["angles"] = spaced
     if "angles" not in g:
         if n_angles_opt is None:
             raise InputError(
                 f"no projection angles for the {n_angles_data} data rows: the file has none; "
-                "give angles, or angle_first/angle_last/n_angles, or n_angles alone for "
-                "equispaced angles over 180 deg (--angles, --angle-first ... on the command "
-                "line, [geometry] in TOML), or put them in a sidecar JSON",
+                "give angles, or angle_first and angle_last, or n_angles alone for "
+                "equispaced angles over [0, 180) deg (--angles, --angle-first ... on the "
+                "command line, [geometry] in TOML), or put them in a sidecar JSON",
                 file=file, field="angles")
-        if n_angles_opt != n_angles_data:
-            raise InputError(f"n_angles={n_angles_opt} but the data have {n_angles_data} "
-                             "projection rows", file=file, field="n_angles")
     angles = g.get("angles")
     if angles is not None and n_angles_opt is not None and len(angles) != n_angles_opt:
         raise InputError(f"n_angles={n_angles_opt} contradicts the {len(angles)} angles given",
                          file=file, field="n_angles")
     if angles is not None and len(angles) != n_angles_data:
         raise InputError(f"{len(angles)} angles for {n_angles_data} projection rows in the "
-                         "data", file=file, field="angles")
+                         f"data{_transposed(len(angles), n_angles_data, n_detector_data)}",
+                         file=file, field="angles")
 
     beam = g.get("beam") or ("fan" if "source_origin" in g else "parallel")
     src = g.get("source_origin")
@@ -320,8 +358,10 @@ def resolve(part: dict[str, Any], *, n_angles_data: int, n_detector_data: int,
         mag = 1.0
     if angles is None:
         span = math.pi if beam == "parallel" else 2 * math.pi
-        angles = (np.arange(n_angles_data) + 0.5) * (span / n_angles_data)
-        log.info("%s: no angles in the file; using %d equispaced angles over %g deg",
+        # from 0, as scikit-image's radon and tomopy.angles (not Geometry.parallel's
+        # cell midpoints): their sinograms then come back unrotated
+        angles = np.arange(n_angles_data) * (span / n_angles_data)
+        log.info("%s: no angles in the file; using %d equispaced angles over [0, %g) deg",
                  file, n_angles_data, math.degrees(span))
 
     pixel = g.get("pixel_size")

@@ -10,9 +10,8 @@ came in. TOML::
     [geometry]
     image_size = 128            # pixels (or [rows, columns])
     pixel_size = 0.1            # mm
-    angle_first = 0.0           # with angle_last and n_angles: equispaced, both ends included
-    angle_last = 179.0
-    n_angles = 180
+    angle_first = 0.0           # with angle_last: equispaced, both ends included; their
+    angle_last = 179.0          # count is n_angles if given, else the data's rows
     angle_unit = "deg"          # deg | rad (also for file angles without a units attribute)
     center_offset = 1.5         # detector pixels (tomopy's center - n_detector/2)
 
@@ -75,12 +74,15 @@ class GeometryOptions:
     angles: list | None = setting(None, kind=list, item=float,
                                   doc="Projection angles, one per data row (angle_unit).")
     angle_first: float | None = setting(None, kind=float,
-                                        doc="First angle of equispaced angles (angle_unit).")
+                                        doc="First of equispaced angles, both ends included "
+                                            "(angle_unit); as many as the data's rows.")
     angle_last: float | None = setting(None, kind=float,
-                                       doc="Last angle of equispaced angles (angle_unit).")
+                                       doc="Last of equispaced angles (angle_unit).")
     n_angles: int | None = setting(None, kind=int, minimum=1, maximum=10**6,
-                                   doc="Number of angles; alone: equispaced over 180 deg "
-                                       "(parallel) or 360 deg (fan).")
+                                   doc="Number of angles (checked against the data's rows). "
+                                       "Alone: N angles i*180/N deg, i = 0..N-1 (0 included, "
+                                       "180 not: scikit-image's and tomopy's angles); fan "
+                                       "beam i*360/N deg.")
     angle_unit: str | None = setting(None, kind=str, check=_unit,
                                      doc="deg or rad: unit of the angles given here and of "
                                          "file angles without a units attribute.")
@@ -99,10 +101,8 @@ class GeometryOptions:
             if self.angles is not None:
                 raise InputError("give either angles or angle_first/angle_last/n_angles",
                                  field="geometry.angles")
-            if self.n_angles is None:
-                raise InputError("angle_first and angle_last need n_angles",
-                                 field="geometry.n_angles")
-            if self.n_angles > 1 and self.angle_first == self.angle_last:
+            if self.n_angles is not None and self.n_angles > 1 and \
+                    self.angle_first == self.angle_last:
                 raise InputError("angle_first equals angle_last: every angle the same",
                                  field="geometry.angle_last")
         if self.angles is not None and self.n_angles is not None and \
@@ -124,15 +124,25 @@ class GeometryOptions:
         return out
 
     def angles_rad(self) -> np.ndarray | None:
-        """The angles given (explicit, or first/last/count), in radians; None if none."""
-        unit = self.angle_unit or "deg"
+        """The angles given (explicit, or first/last/count), in radians; None if none
+        (also for angle_first/angle_last without n_angles: see :meth:`angle_ends_rad`)."""
         if self.angles is not None:
             a = np.asarray(self.angles, dtype=np.float64)
-        elif self.angle_first is not None:
+        elif self.angle_first is not None and self.n_angles is not None:
             a = np.linspace(self.angle_first, self.angle_last, self.n_angles)
         else:
             return None
-        return np.deg2rad(a) if unit == "deg" else a
+        return np.deg2rad(a) if (self.angle_unit or "deg") == "deg" else a
+
+    def angle_ends_rad(self) -> tuple[float, float] | None:
+        """``(angle_first, angle_last)`` in radians when they are given without
+        ``n_angles`` (the count is then the data's rows); else None."""
+        if self.angle_first is None or self.n_angles is not None:
+            return None
+        ends = np.array([self.angle_first, self.angle_last], dtype=np.float64)
+        if (self.angle_unit or "deg") == "deg":
+            ends = np.deg2rad(ends)
+        return float(ends[0]), float(ends[1])
 
 
 @dataclass(frozen=True)

@@ -529,7 +529,7 @@ def read_sinogram(path, *, dataset: str | None = None, angles=None, geometry=Non
         part = _resolve.merge(part, opt_part, file=p, base_name="the file",
                               extra_name="the options")
         n_rows, n_det = data.shape[-2:]
-        if assume_angles and "angles" not in part and n_angles is None:
+        if assume_angles and not {"angles", "angle_ends"} & set(part) and n_angles is None:
             n_angles = n_rows
             meta["angles_assumed"] = True
         if convention == "skimage":
