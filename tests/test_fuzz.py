@@ -944,12 +944,6 @@ def two_scans(tmp_path_factory):
     return d
 
 
-def _cli_passes_summary_json() -> bool:
-    import inspect
-
-    from ctuq.app import cli
-
-    return "also_writes" in inspect.getsource(cli.reconstruct)
 
 
 def test_files_written_onto_inputs_are_refused(tmp_path, two_scans):
@@ -1001,9 +995,6 @@ def test_files_written_onto_inputs_are_refused(tmp_path, two_scans):
     assert not (tmp_path / "api_out").exists()
 
 
-@pytest.mark.skipif(not _cli_passes_summary_json(),
-                    reason="ctuq/app/cli.py does not pass --summary-json to run_batch "
-                           "(also_writes=[summary_json]) yet")
 def test_summary_json_onto_an_input_through_the_cli(tmp_path, two_scans):
     a = two_scans / "a.nxs"
     _usage_error_case("--summary-json onto an input",

@@ -378,7 +378,8 @@ def reconstruct(inputs: list[Path] = typer.Argument(..., help="Sinogram files.",
 
         results = run_batch(inputs, out, cfg.to_dict(), overwrite=overwrite, workers=workers,
                             scheduler=scheduler, on_progress=on_progress, on_outcome=on_outcome,
-                            run_id=run_id, quiet_dask=not _state["verbose"])
+                            run_id=run_id, quiet_dask=not _state["verbose"],
+                            also_writes=[summary_json] if summary_json is not None else ())
     summary_table(results)
     if summary_json is not None:
         write_summary_json(summary_json, results, run_id=run_id)
