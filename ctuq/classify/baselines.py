@@ -1,4 +1,4 @@
-"""Baselines of the classification benchmark: MC dropout and laplace-torch (docs/method.md §10)."""
+"""Baselines of the classification benchmark: MC dropout and laplace-torch (docs/method.md §11)."""
 
 from __future__ import annotations
 

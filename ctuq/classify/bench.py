@@ -1,4 +1,4 @@
-"""The classification benchmark: methods × metrics on one data set (docs/method.md §10).
+"""The classification benchmark: methods × metrics on one data set (docs/method.md §11).
 
 :func:`run_benchmark` trains one MAP classifier per seed and evaluates each
 requested method on the test set, the OOD set and the rotated test sets:
