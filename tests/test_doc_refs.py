@@ -148,3 +148,23 @@ def test_patterns_catch_what_they_should():
     assert not ISSUE.search('_COLORS = {"map": "#444444"}') and not ISSUE.search("#1f77b4")
     assert INTERNAL.search("measured in tests/test_x.py") and INTERNAL.search("scripts/bench.py")
     assert not INTERNAL.search("docs/scaling.md") and not INTERNAL.search("n_tests/2")
+
+
+_LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)\)")
+
+
+def test_relative_links_of_the_documents_resolve():
+    # Markdown links and images between the repository's own files (web links aside)
+    docs = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for path in docs:
+        if not path.is_file():
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in _LINK.finditer(line):
+                target = m.group("target").split("#")[0]
+                if not target or re.match(r"[a-z]+:", target):
+                    continue
+                if not (path.parent / target).exists():
+                    broken.append(f"{path.relative_to(ROOT)}:{i}: {m.group('target')}")
+    assert not broken, "\n".join(broken)
