@@ -161,7 +161,7 @@ def parse_methods(methods) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Settings of :func:`run_benchmark` (defaults: the README's digits benchmark).
+    """Settings of :func:`run_benchmark` (defaults: the digits benchmark of docs/classification.md).
 
     Parameters
     ----------
@@ -544,7 +544,7 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
         if name not in methods:
             continue
         if not C.laplace_torch_available():
-            skipped[name] = "laplace-torch does not import here (optional; see the README)"
+            skipped[name] = "laplace-torch does not import here (optional; see docs/classification.md)"
             continue
         if structure == "full" and clin.num_params > cfg.max_exact_params:
             skipped[name] = (f"{clin.num_params} parameters > max_exact_params "
