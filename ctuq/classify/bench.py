@@ -544,7 +544,8 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
         if name not in methods:
             continue
         if not C.laplace_torch_available():
-            skipped[name] = "laplace-torch does not import here (optional; see docs/classification.md)"
+            skipped[name] = ("laplace-torch does not import here "
+                             "(optional; see docs/classification.md)")
             continue
         if structure == "full" and clin.num_params > cfg.max_exact_params:
             skipped[name] = (f"{clin.num_params} parameters > max_exact_params "
