@@ -1,4 +1,4 @@
-"""The classification client of the posterior engine (docs/method.md §10).
+"""The classification client of the posterior engine (docs/method.md §11).
 
 A MAP classifier (:mod:`~ctuq.classify.training`), its linearised Laplace
 posterior through the engine's categorical likelihood

@@ -1,4 +1,4 @@
-"""Baselines of the classification benchmark: MC dropout and laplace-torch (docs/method.md §10)."""
+"""Baselines of the classification benchmark: MC dropout and laplace-torch (docs/method.md §11)."""
 
 from __future__ import annotations
 
@@ -100,8 +100,9 @@ def laplace_torch_fit(model: nn.Module, x_train: Tensor, y_train: Tensor,
         raise InputError(f"must be one of {', '.join(LAPLACE_TORCH_STRUCTURES)}, "
                          f"got {structure!r}", field="structure")
     if not laplace_torch_available():
-        raise InputError("laplace-torch is not installed or does not import here "
-                         "(see the README: install it without torchvision)", field="methods")
+        raise InputError("laplace-torch is not installed or does not import here (see "
+                         "docs/classification.md: install it without torchvision)",
+                         field="methods")
     import laplace
 
     # laplace-torch wraps the model (hooks, a feature extractor): give it a copy

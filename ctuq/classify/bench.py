@@ -1,4 +1,4 @@
-"""The classification benchmark: methods × metrics on one data set (docs/method.md §10).
+"""The classification benchmark: methods × metrics on one data set (docs/method.md §11).
 
 :func:`run_benchmark` trains one MAP classifier per seed and evaluates each
 requested method on the test set, the OOD set and the rotated test sets:
@@ -161,7 +161,7 @@ def parse_methods(methods) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Settings of :func:`run_benchmark` (defaults: the README's digits benchmark).
+    """Settings of :func:`run_benchmark` (defaults: the digits benchmark of docs/classification.md).
 
     Parameters
     ----------
@@ -219,8 +219,8 @@ class BenchConfig:
     ivon_temperature : float or None
         ``T`` of IVON's tempered likelihood (``ess = N/T``; the prior untempered).
         Default None: the data set's validated setting (1, the Bayesian
-        posterior, on digits; 0.1 on Fashion-MNIST, chosen by
-        ``scripts/bench_classify_ivon_val.py``).
+        posterior, on digits; 0.1 on Fashion-MNIST, chosen on its validation
+        tenth, docs/ivon.md §7.3).
     """
 
     model: str = "mlp"
@@ -544,7 +544,8 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
         if name not in methods:
             continue
         if not C.laplace_torch_available():
-            skipped[name] = "laplace-torch does not import here (optional; see the README)"
+            skipped[name] = ("laplace-torch does not import here "
+                             "(optional; see docs/classification.md)")
             continue
         if structure == "full" and clin.num_params > cfg.max_exact_params:
             skipped[name] = (f"{clin.num_params} parameters > max_exact_params "

@@ -1,6 +1,6 @@
 """IVON for the image classifiers: variational training and the Monte-Carlo predictive.
 
-Method ``ivon`` of the classification benchmark (issue 24; docs/ivon.md).
+Method ``ivon`` of the classification benchmark (docs/ivon.md).
 
 Training (:func:`train_ivon`)
     ``ivon.IVON`` on the mini-batch **mean** cross-entropy (the mean negative
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PREDICTIVE_SAMPLES = 64
 
 #: Training defaults of :func:`train_ivon` (docs/ivon.md: chosen on the digits
-#: validation splits of seeds 0-2 by the MC-predictive NLL, scripts/ivon_classify_smoke.py).
+#: validation splits of seeds 0-2 by the MC-predictive NLL).
 DEFAULTS = dict(epochs=150, batch_size=64, lr=2.0, hess_init=10.0, beta2=0.999,
                 prior_precision=1.0, temperature=1.0, mc_samples=1)
 

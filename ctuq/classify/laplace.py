@@ -1,4 +1,4 @@
-"""The classification client of the posterior engine: linearised Laplace for classifiers (docs/method.md §3, §10).
+"""The classification client of the posterior engine: linearised Laplace for classifiers (docs/method.md §3, §11).
 
 The engine of the CT pipeline (linearise, sample by optimisation, tune the
 prior by MacKay / EM) applied to a classifier ``f(x, θ)`` with logits

@@ -1,4 +1,4 @@
-"""Metrics of the classification benchmark (docs/method.md §10).
+"""Metrics of the classification benchmark (docs/method.md §11).
 
 All functions take predictive class probabilities ``probs`` ``[N, C]`` (rows
 sum to one) and integer labels ``labels`` ``[N]`` (``0 … C−1``), as torch

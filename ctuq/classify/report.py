@@ -1,5 +1,5 @@
 """Results of classification-benchmark runs and their summaries: mean ± std over seeds,
-pooled reliability, rotation rows, the JSON document (docs/method.md §10)."""
+pooled reliability, rotation rows, the JSON document (docs/method.md §11)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MAP training of the benchmark classifiers (docs/method.md §10)."""
+"""MAP training of the benchmark classifiers (docs/method.md §11)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Image-classification data sets for the classification benchmark.
 
-The benchmark: docs/classification.md; its predictive maths: docs/method.md §8.3, §10.
+The benchmark: docs/classification.md; its predictive maths: docs/method.md §8.3, §11.
 
 Nothing is downloaded, ever:
 

@@ -13,7 +13,7 @@ ways, all handled by :func:`skimage_geometry` and :func:`from_skimage_layout`:
   off the detector centre for even ``n_det`` (ctuq: ``center_offset = 0.5``).
 
 The angle direction and the detector direction are the same as ASTRA's
-(measured: tests/test_conventions.py).
+(measured against ASTRA's projector: docs/conventions.md).
 """
 
 from __future__ import annotations

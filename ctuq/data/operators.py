@@ -38,7 +38,7 @@ sinogram rows are sorted by angle on the way in and put back in the
 geometry's order on the way out. Both are exact permutations (the system
 matrix is permuted once when it is built). Measured against ASTRA's own
 ``create_sino`` (parallel ``linear`` and ``line_fanflat``): equal to float32
-round-off (tests/test_conventions.py).
+round-off (docs/conventions.md).
 """
 
 from __future__ import annotations

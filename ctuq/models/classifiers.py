@@ -1,4 +1,4 @@
-"""Small image classifiers for the classification benchmark (docs/method.md §10).
+"""Small image classifiers for the classification benchmark (docs/method.md §11).
 
 Both output **logits** ``[N, C]`` for images ``[N, 1, H, W]`` and group their
 layers into prior blocks with :meth:`blocks` (one block per layer: its weight

@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 #: same up to ≈ 1.2e8 elements and about twice as much beyond (dip-256, 9
 #: vectors: 6.2 s in one batch, 3.7 s in chunks of 3, 6.8 s in chunks of 4;
 #: dip-128, 32 vectors: 5.8 s in one batch, 2.8 s in chunks of 12, 5.8 s in
-#: chunks of 16). ``scripts/bench_uq.py --part scaling`` re-measures both.
+#: chunks of 16).
 CPU_CHUNK_ELEMENTS = 120_000_000
 
 

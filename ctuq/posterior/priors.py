@@ -16,7 +16,7 @@
 
 Both keep their hyperparameters as ``torch.nn.Parameter`` in log space
 (``log_a`` of shape ``[B]``, ``log_l`` of shape ``[B]``; ``log_g`` of shape
-``[1]``) and are differentiable in them (the evidence issue optimises them).
+``[1]``) and are differentiable in them (the evidence fit of docs/method.md §6 optimises them).
 Every operator acts on a batch of flat parameter vectors ``v`` of shape
 ``[..., d_θ]`` and returns the same shape:
 

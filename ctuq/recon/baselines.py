@@ -14,8 +14,7 @@ noise std and ``r`` the root-mean-square column norm of ``A``: the size of
 ``A^T`` applied to unit white noise, per pixel. This balances the gradient of
 the data term on pure noise against the TV sub-gradient and makes one
 constant work across image sizes, angle counts and pixel sizes. The constant
-was chosen by a grid search (``scripts/bench_operators.py --tune-tv``; see the
-README).
+was chosen by a grid search on tuning images (CHANGELOG.md, "TV baseline").
 """
 
 from __future__ import annotations
@@ -80,8 +79,8 @@ def fbp_variance(y, op: RayTransform, noise_std: float, *, n_draws: int = 128,
 
         s² = max(0, mean(r²) − σ²) / mean_i ‖A_i‖²,   mean_i ‖A_i‖² = ‖A‖_F² / m.
 
-    This is the FBP baseline of the uncertainty benchmark
-    (``scripts/bench_uq.py``); it needs no ground truth.
+    This is the FBP baseline of the calibration benchmark
+    (docs/calibration.md); it needs no ground truth.
 
     Parameters
     ----------

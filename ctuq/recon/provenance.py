@@ -5,7 +5,7 @@ which changes the speed, never the numbers.
 
 Bit-identical numbers need the same library versions, the same device and
 the same torch thread count (floating-point sums are split differently over
-threads: 1- and 2-thread std maps differed by up to 8.6e-5 in issue 25).
+threads: 1- and 2-thread std maps differed by up to 8.6e-5 in a measured run).
 Every result therefore records all three; the ``threads`` setting pins the
 count (serial runs and Dask workers alike).
 """
