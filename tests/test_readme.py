@@ -58,13 +58,6 @@ SKIPPED = {
 
 #: Commands (exactly as the README writes them, continuation lines joined) that need a
 #: change of the CLI not merged yet; the mark goes once it is.
-XFAIL = {
-    "ctuq reconstruct sino.npy --out results/ --angle-first 0 --angle-last 179 "
-    "--angle-unit deg --image-size 256 --pixel-size 0.1 --center-offset -1.5":
-        "the angle count from the data's rows (without --n-angles) comes with the CLI fixes",
-    "ctuq reconstruct radon.npy --out results/ --convention skimage --n-angles 180":
-        "--n-angles alone as [0°, 180°) from 0° comes with the CLI fixes",
-}
 
 SHRINK = {"--size": "16", "--angles": "12", "--image-size": "16", "--workers": "1"}
 
@@ -173,8 +166,6 @@ def _param(line: str):
     marks = []
     if (reason := _skip_reason(line)) is not None:
         marks.append(pytest.mark.skip(reason=reason))
-    if line in XFAIL:
-        marks.append(pytest.mark.xfail(strict=False, reason=XFAIL[line]))
     return pytest.param(line, marks=marks, id=line[:60])
 
 
@@ -182,7 +173,6 @@ def test_readme_has_commands():
     # the blocks this test runs exist (a renamed fence would silently skip them)
     assert any(c.startswith("ctuq reconstruct") for c in COMMANDS)
     assert _blocks("python") and len(_blocks("toml")) == 1
-    assert set(XFAIL) <= set(COMMANDS), "an XFAIL key no longer matches a README command"
 
 
 @pytest.mark.parametrize("line", [_param(c) for c in COMMANDS])
