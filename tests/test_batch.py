@@ -65,7 +65,7 @@ def test_simulate_reconstruct_info(inputs, tmp_path, capsys):
     capsys.readouterr()
     assert main(["info", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "reconstruction" in text and "psnr" in text
+    assert "reconstruction" in text and "psnr" in text.lower()
 
 
 def test_corrupt_input_fails_alone(inputs, tmp_path, capsys):

@@ -85,3 +85,18 @@ def test_noise_estimate_without_air_falls_back_to_the_upper_bound(caplog):
         est = estimate_noise_std(y)
     assert est == pytest.approx(_detail_mad_std(y))
     assert "upper bound" in caplog.text
+
+
+def test_noise_free_data_get_a_positive_floor(caplog):
+    """A noise-free sinogram has no noise to measure: the estimate is the floor, never 0."""
+    from skimage.data import shepp_logan_phantom
+    from skimage.transform import radon, resize
+
+    from ctuq.recon.baselines import NOISE_FLOOR, estimate_noise_std
+
+    image = resize(shepp_logan_phantom(), (16, 16), anti_aliasing=True)
+    y = radon(image, np.arange(180.0), circle=False).T * 0.1
+    with caplog.at_level("WARNING"):
+        sigma = estimate_noise_std(y)
+    assert sigma == pytest.approx(NOISE_FLOOR * np.sqrt(np.mean(y**2)))
+    assert "noise-free" in caplog.text

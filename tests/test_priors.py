@@ -218,7 +218,7 @@ def test_prior_on_cuda(lin):
 def test_prior_kinds_say_what_their_priors_have(lik):
     # the registry's properties are what the EM, PredCP and the clients read instead of
     # comparing names: a built prior must agree with its kind
-    from ctuq.posterior.priors import PRIORS, prior_kind
+    from ctuq.posterior.prior_kinds import PRIORS, prior_kind
 
     for name, kind in PRIORS.items():
         prior = kind.build(lik, 0.5, 0.2, exact=True) if kind.uses_likelihood else \

@@ -150,10 +150,12 @@ def _float_spin(spec: Spec, default, decimals: int | None = None, **kwargs) -> F
     box = FloatSpinBox(**kwargs)
     decimals = decimals or _decimals(default, spec)
     box.native.setDecimals(decimals)  # before range and value: Qt rounds them to it
-    low = spec.minimum if spec.minimum is not None else -_FLOAT_LIMIT
+    # a field with no stated bounds still holds only magnitudes the settings accept
+    limit = spec.finite_range[1] if spec.finite_range else _FLOAT_LIMIT
+    low = spec.minimum if spec.minimum is not None else -limit
     if spec.greater_than is not None:
         low = max(low, spec.greater_than + 10.0**-decimals)
-    high = spec.maximum if spec.maximum is not None else _FLOAT_LIMIT
+    high = spec.maximum if spec.maximum is not None else limit
     box.min, box.max = low, high
     box.native.setSingleStep(10.0**-(decimals - 2))
     box.value = min(max(float(default), low), high) if default is not None else low

@@ -45,6 +45,7 @@ import torch
 from ctuq.bench.cases import CASE_FIELDS, case_spec, simulate, sinogram
 from ctuq.bench.runner import clean, read_case_file, repo_relative
 from ctuq.bench.scores import score
+from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT
 
 log = logging.getLogger("ctuq.bench.calibration")
 
@@ -113,7 +114,7 @@ def reconstruction_config(case: dict, run: CalibrationRun, **uncertainty):
     """
     from ctuq.recon.config import ReconstructionConfig
 
-    unc = {"model_error": "heldout", **({"em_steps": 2} if run.quick else {}),
+    unc = {"model_error": HELDOUT, **({"em_steps": 2} if run.quick else {}),
            **(run.uncertainty or {}), **uncertainty}
     return ReconstructionConfig(seed=case["index"], device="cpu", threads=run.threads,
                                 dip={"iterations": run.quick_iterations} if run.quick else {},
@@ -174,23 +175,23 @@ def result_methods(result, truth, calibration=None, suffix: str = "") -> dict:
     from ctuq.recon.model_error import ModelErrorCoefficients
 
     cfg = result.config
-    if cfg["uncertainty"]["model_error"] != "heldout":
-        raise ValueError("the result's model error is not 'heldout'")
+    if cfg["uncertainty"]["model_error"] != HELDOUT:
+        raise ValueError(f"the result's model error is not {HELDOUT!r}")
     x_hat = np.asarray(result.reconstruction)
     var_post = torch.as_tensor(np.asarray(result.posterior_std), dtype=torch.float64).square()
     fitted = cfg["model_error"]
     mle = fitted.get("info", {}).get("mle") or fitted  # no prior: the fit is the MLE
-    co_mle = ModelErrorCoefficients(mle["t0"], mle["s1"], "heldout")
+    co_mle = ModelErrorCoefficients(mle["t0"], mle["s1"], HELDOUT)
     methods = {
         "posterior": {**score(truth, x_hat, result.posterior_std),
                       "g": result.hyperparameters["a_b"][0]},
         "heldout": score(truth, x_hat, result.std),
-        "heldout_mle": score(truth, x_hat, total_variance("heldout", x_hat, var_post,
+        "heldout_mle": score(truth, x_hat, total_variance(HELDOUT, x_hat, var_post,
                                                           co_mle).sqrt())}
     coefficients = {"heldout": {"t0": fitted["t0"], "s1": fitted["s1"]},
                     "heldout_mle": {"t0": co_mle.t0, "s1": co_mle.s1}}
     if calibration is not None:
-        for name in ("calibrated", "conformal"):
+        for name in (CALIBRATED, CONFORMAL):
             methods[name] = score(truth, x_hat, total_variance(name, x_hat, var_post,
                                                                calibration).sqrt())
     t = cfg["timings_s"]

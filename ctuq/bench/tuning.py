@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ctuq.bench.scores import score, summarise_images
+from ctuq.recon.model_error.names import HELDOUT
 
 log = logging.getLogger("ctuq.bench.tuning")
 
@@ -45,7 +46,7 @@ def score_total(truth, x_hat, var_post, co) -> dict:
     """
     from ctuq.bench.calibration import total_variance
 
-    s = score(truth, x_hat, total_variance("heldout", x_hat, var_post, co).sqrt())
+    s = score(truth, x_hat, total_variance(HELDOUT, x_hat, var_post, co).sqrt())
     return {k: s[k] for k in KEYS}
 
 
@@ -139,7 +140,7 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         candidates["calibrated"] = prior  # the calibration alone, no held-out fit
         if floor:  # the calibration as a floor under the MLE
             candidates["floor"] = ModelErrorCoefficients(max(mle.t0, prior.t0),
-                                                         max(mle.s1, prior.s1), "heldout")
+                                                         max(mle.s1, prior.s1), HELDOUT)
         for name, co in candidates.items():
             s = score_total(truth, x_hat, var_post, co)
             per_width.setdefault(name, []).append(s)

@@ -36,8 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from ctuq.errors import InputError
-from ctuq.posterior.priors import PRIORS as PRIOR_REGISTRY
-from ctuq.posterior.priors import prior_kind
+from ctuq.posterior.prior_kinds import PRIORS as PRIOR_REGISTRY
+from ctuq.posterior.prior_kinds import prior_kind
 from ctuq.posterior import (BlockPrior, CategoricalLikelihood, ClassifierLinearization,
                             EMOptions, FittedPosterior, GaussianPrior, GPrior, PosteriorSample,
                             STOOptions, STOSampler, fit_hyperparameters, select_parameters)
@@ -45,7 +45,7 @@ from ctuq.posterior import (BlockPrior, CategoricalLikelihood, ClassifierLineari
 __all__ = ["PRIORS", "CLASSIFIER_STO", "last_layer_filter", "gprior_for", "build_prior",
            "sample_sto", "fit_prior", "linear_mode", "linear_logits"]
 
-#: Priors of :func:`build_prior` (:data:`ctuq.posterior.priors.PRIORS` offered for
+#: Priors of :func:`build_prior` (:data:`ctuq.posterior.prior_kinds.PRIORS` offered for
 #: classifiers).
 PRIORS = tuple(name for name, kind in PRIOR_REGISTRY.items() if kind.classifier)
 

@@ -31,8 +31,9 @@ from ctuq.posterior.mstep import (EStepStats, Hyperprior, adam_mstep, closed_for
                                   mackay_update, noise_update)
 from ctuq.posterior.oracle import ExactPosterior
 from ctuq.posterior.preconditioner import NystromPreconditioner
-from ctuq.posterior.priors import (PRIOR_KINDS, BlockPrior, GaussianPrior, GPrior, build_prior,
-                                   kernel_positions, matern_half_kernel)
+from ctuq.posterior.prior_kinds import PRIOR_KINDS, build_prior
+from ctuq.posterior.priors import (BlockPrior, GaussianPrior, GPrior, kernel_positions,
+                                   matern_half_kernel)
 from ctuq.posterior.samples import PosteriorSample, Sampler, SamplerState
 from ctuq.posterior.sampling_cg import CGOptions, CGSampler, ObservationKernel, batched_cg
 from ctuq.posterior.sampling_sto import STOOptions, STOSampler

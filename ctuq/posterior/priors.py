@@ -555,10 +555,3 @@ class GPrior(GaussianPrior):
 
     def extra_repr(self) -> str:
         return f"d={self.num_params}"
-
-
-#: The priors of :func:`build_prior`: Matérn-½ per-block filter covariance, isotropic
-#: per-block ARD, the g-prior.
-# the registry of prior kinds (names, builders, properties) lives beside this module
-from ctuq.posterior.prior_kinds import (PRIOR_KINDS, PRIORS, PriorKind,  # noqa: E402
-                                        build_prior, prior_kind)

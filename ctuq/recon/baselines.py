@@ -184,6 +184,11 @@ def _air_std(y: np.ndarray, sigma0: float, threshold: float = NOISE_AIR_THRESHOL
     return math.sqrt(ss / (n - groups)), n
 
 
+#: Smallest noise std :func:`estimate_noise_std` returns, relative to the
+#: sinogram's RMS (noise-free simulations).
+NOISE_FLOOR = 1e-3
+
+
 def estimate_noise_std(y) -> float:
     """Noise std of a parallel-beam sinogram, from the air beside the object.
 
@@ -216,6 +221,9 @@ def estimate_noise_std(y) -> float:
     bound for the rest: use the per-ray variances of :mod:`ctuq.data.counts`
     there.
 
+    Noise-free data (an estimate of zero) get ``NOISE_FLOOR`` times the
+    sinogram's RMS, with a warning.
+
     Parameters
     ----------
     y : Tensor or array_like, shape (..., n_angles, n_detector)
@@ -224,7 +232,8 @@ def estimate_noise_std(y) -> float:
     Returns
     -------
     float
-        The noise std, in the sinogram's unit.
+        The noise std, in the sinogram's unit, positive for a sinogram that
+        is not all zero.
     """
     if isinstance(y, torch.Tensor):
         y = y.detach().cpu().double().numpy()
@@ -245,6 +254,12 @@ def estimate_noise_std(y) -> float:
     if not math.isfinite(air) and n_air < NOISE_AIR_MIN_SAMPLES:
         log.warning("noise std from the wavelet-MAD estimate only (%d air pixels beside the "
                     "object): an upper bound", n_air)
+    floor = NOISE_FLOOR * float(np.sqrt(np.mean(y**2)))
+    if not sigma > floor:
+        # noise-free (simulated) data: a zero σ would make the likelihood singular
+        log.warning("the sinogram looks noise-free (estimated noise std %.3g): using %.3g, "
+                    "%g of its RMS; give noise_std if you know it", sigma, floor, NOISE_FLOOR)
+        sigma = floor
     return float(sigma)
 
 

@@ -37,7 +37,7 @@ from ctuq.errors import InputError
 from ctuq.posterior import (CGOptions, CGSampler, EMOptions, FittedPosterior,
                             GaussianPrior, Linearization, LinearGaussianLikelihood, STOOptions,
                             STOSampler, build_prior, fit_hyperparameters)
-from ctuq.posterior.priors import prior_kind
+from ctuq.posterior.prior_kinds import prior_kind
 from ctuq.recon.predcp import PredCPOptions, TVPredCP, predcp_weight
 
 __all__ = ["uncertainty_options", "options_summary", "ct_likelihood", "initial_prior",
@@ -195,7 +195,7 @@ def fit_posterior(lin: Linearization, op, y, noise_var: float, *,
     """
     em = em if em is not None else EMOptions()
     if sampler is None:
-        from ctuq.recon.methods.laplace import LaplaceSettings
+        from ctuq.recon.methods.laplace_settings import LaplaceSettings
 
         sampler = uncertainty_options(LaplaceSettings(), learn_noise=em.learn_noise)["sampler"]
     sigma2 = float(noise_var)

@@ -9,15 +9,14 @@ docs/evidence.md the measurements behind the defaults.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Callable
 
 import torch
 
-from ctuq.fields import setting, validate
-from ctuq.posterior.priors import PRIORS
 from ctuq.progress import check_cancel, emit_progress
 from ctuq.recon.methods.base import UncertaintyMethod, UncertaintyOutcome
+from ctuq.recon.methods.laplace_settings import LaplaceSettings
 
 __all__ = ["LaplaceSettings", "LaplaceMethod", "laplace_posterior", "PREDICTIVE_BATCH"]
 
@@ -25,92 +24,6 @@ __all__ = ["LaplaceSettings", "LaplaceMethod", "laplace_posterior", "PREDICTIVE_
 #: The solver's work is linear in the batch; each extra call adds only the
 #: linear target and the (already converged) θ* row's residual check.
 PREDICTIVE_BATCH = 32
-
-
-@dataclass(frozen=True)
-class LaplaceSettings:
-    """Settings of the linearised Laplace method (``[uncertainty.laplace]``; the
-    same keys directly in ``[uncertainty]`` are read as these too).
-
-    Parameters
-    ----------
-    prior : {'matern', 'ard', 'gprior'}
-        Block prior (:data:`ctuq.posterior.priors.PRIORS`): Matérn-½ filter
-        covariance per 3×3 block (reference), isotropic per-block ARD, or the
-        g-prior. Default ``'gprior'`` (better calibrated in every
-        measurement, see ``docs/evidence.md``).
-    sampler : {'cg', 'sto'}
-        Matheron samples with preconditioned CG in observation space, or
-        sample-then-optimise in parameter space. Default ``'cg'``.
-    n_samples : int
-        Posterior samples per EM step (k). Default 16.
-    em_steps : int
-        Maximum EM steps. Default 6.
-    em_tol : float
-        Stop when every log-hyperparameter moves less than this. Default 0.02.
-    update : {'mackay', 'em'}
-        M-step of the per-block variances. Default ``'mackay'``.
-    learn_noise : bool
-        Update σ² in the M-step; when False σ² stays at the known noise
-        variance. Default False when the noise level is known, else True
-        (``None``: decide by that rule).
-    predcp : bool
-        TV-PredCP hyperprior (the EM then maximises evidence + its
-        log-density, a MAP-II). Default False: chosen on the validation
-        split, where it narrowed the posterior, lowered the log-likelihood and
-        doubled the posterior time without changing the coverage once the
-        model error is added (docs/defaults.md).
-    predcp_scale : float
-        Hyperprior weight ``predcp_scale · d_y · γ_ref`` (reference: 1 at 28²). Default 1.
-    predcp_samples : int
-        Samples of the reparameterised κ estimator. Default 32.
-    cg_tol : float
-        Relative residual of the CG solves. Default 1e-3.
-    cg_max_iter : int
-        CG iteration cap. Default 200.
-    preconditioner_rank : int
-        Rank of the Nyström preconditioner. Default 100 (the presets for
-        64² and larger raise it, see :mod:`ctuq.recon.presets`).
-    sto_batch_size : int or None
-        ``sampler = 'sto'``: projection angles per sample-then-optimise step
-        (mini-batched; the data term is rescaled so the gradient is
-        unbiased, and every step of ``sto_iterations`` runs). Default None:
-        all angles (full batch, stopping early at its tolerance).
-    sto_iterations : int
-        ``sampler = 'sto'``: most steps per solve. Default 1000.
-    """
-
-    prior: str = setting("gprior", kind=str, choices=tuple(PRIORS),
-                         doc="Block prior: " + ", ".join(PRIORS) + ".")
-    sampler: str = setting("cg", kind=str, choices=("cg", "sto"),
-                           doc="Posterior sampler: cg (Matheron) or sto.")
-    n_samples: int = setting(16, kind=int, minimum=1, maximum=10_000,
-                             doc="Posterior samples per EM step.")
-    em_steps: int = setting(6, kind=int, minimum=1, maximum=1000, doc="Maximum EM steps.")
-    em_tol: float = setting(0.02, kind=float, minimum=0, maximum=1e6,
-                            doc="Stop when every log-hyperparameter moves less.")
-    update: str = setting("mackay", kind=str, choices=("mackay", "em"),
-                          doc="M-step of the per-block variances.")
-    learn_noise: bool | None = setting(None, kind=bool,
-                                       doc="Update the noise variance (default: when unknown).")
-    predcp: bool = setting(False, kind=bool, doc="TV-PredCP hyperprior (MAP-II).")
-    predcp_scale: float = setting(1.0, kind=float, minimum=0, maximum=1e6,
-                                  doc="Weight of the TV-PredCP hyperprior.")
-    predcp_samples: int = setting(32, kind=int, minimum=1, maximum=10_000,
-                                  doc="Samples of the PredCP estimator.")
-    cg_tol: float = setting(1e-3, kind=float, minimum=0, maximum=1.0,
-                            doc="Relative residual of the CG solves.")
-    cg_max_iter: int = setting(200, kind=int, minimum=1, maximum=100_000,
-                               doc="CG iteration cap.")
-    preconditioner_rank: int = setting(100, kind=int, minimum=1, maximum=100_000,
-                                       doc="Rank of the Nystrom preconditioner.")
-    sto_batch_size: int | None = setting(None, kind=int, minimum=1, maximum=10**7,
-                                         doc="sto: projection angles per step (default: all).")
-    sto_iterations: int = setting(1000, kind=int, minimum=1, maximum=10**7,
-                                  doc="sto: most steps per solve.")
-
-    def __post_init__(self):
-        validate(self, prefix="uncertainty.laplace")
 
 
 def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: LaplaceSettings,

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ctuq.errors import InputError
 from ctuq.recon.model_error.edges import _img, edge_strength
+from ctuq.recon.model_error.names import CALIBRATED, NONE
 
 __all__ = ["ModelErrorCoefficients", "coefficients_for", "shipped_coefficients",
            "model_error_variance", "fit_to_truth", "conformal_scale", "DEFAULTS_DIR",
@@ -49,7 +50,8 @@ class ModelErrorCoefficients:
         Weight of the edge strength (dimensionless, >= 0).
     method : str
         The term that set them: a name of
-        :data:`~ctuq.recon.model_error.terms.MODEL_ERROR_TERMS`.
+        :data:`~ctuq.recon.model_error.terms.MODEL_ERROR_TERMS` (checked where a
+        calibration is read for a term, :func:`~ctuq.recon.model_error.terms.coefficients_for`).
     conformal : float
         Multiplier of the posterior std of the split-conformal term
         (:func:`conformal_scale` on the calibration scans); 1 when not fitted.
@@ -59,13 +61,11 @@ class ModelErrorCoefficients:
 
     t0: float = 0.0
     s1: float = 0.0
-    method: str = "none"
+    method: str = NONE
     conformal: float = field(default=1.0, metadata={"positive": True})
     info: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        from ctuq.recon.model_error.terms import METHODS
-
         for f in fields(self):
             if f.type != "float":
                 continue
@@ -75,8 +75,8 @@ class ModelErrorCoefficients:
                 raise InputError(f"must be a finite number >= 0, got {v!r}", field=f.name)
             if f.metadata.get("positive") and v == 0:  # a multiplier of the std
                 raise InputError(f"must be > 0, got {v!r}", field=f.name)
-        if self.method not in METHODS:
-            raise InputError(f"must be one of {', '.join(METHODS)}, got {self.method!r}",
+        if not isinstance(self.method, str):
+            raise InputError(f"must be a model-error term's name, got {self.method!r}",
                              field="method")
 
     # -- files ------------------------------------------------------------------
@@ -216,9 +216,7 @@ def fit_to_truth(truths, means, posterior_variances) -> ModelErrorCoefficients:
     p = _positive_lbfgs(nll, list(_INIT))
     t0, s1 = (float(math.exp(v)) if v > _LOG_MIN else 0.0 for v in p.tolist())
     ll = -float(nll(p)) - 0.5 * math.log(2 * math.pi)
-    from ctuq.recon.model_error.terms import CalibratedTerm
-
-    return ModelErrorCoefficients(t0, s1, CalibratedTerm.name,
+    return ModelErrorCoefficients(t0, s1, CALIBRATED,
                                   info={"n_images": len(rows), "pixel_log_likelihood": ll})
 
 

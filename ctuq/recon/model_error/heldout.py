@@ -13,6 +13,7 @@ from ctuq.errors import InputError
 from ctuq.recon.model_error.coefficients import (_INIT, _LOG_MIN, _NEGLIGIBLE, _VAR_MIN,
                                                  ModelErrorCoefficients)
 from ctuq.recon.model_error.edges import _img, edge_strength
+from ctuq.recon.model_error.names import HELDOUT
 
 __all__ = ["heldout_split", "heldout_fit", "HeldoutLikelihood", "heldout_likelihood",
            "fit_heldout"]
@@ -256,9 +257,7 @@ class HeldoutLikelihood:
             t0_ml, s1_ml = search(False)[0] if mle is None else (mle.t0, mle.s1)
             info.update(prior={"t0": prior.t0, "s1": prior.s1, "width": float(prior_width)},
                         mle={"t0": t0_ml, "s1": s1_ml})
-        from ctuq.recon.model_error.terms import HeldoutTerm
-
-        return ModelErrorCoefficients(t0, s1, HeldoutTerm.name, info=info)
+        return ModelErrorCoefficients(t0, s1, HELDOUT, info=info)
 
     def arrays(self) -> dict:
         """The fields as numpy arrays (for ``np.savez``); :meth:`from_arrays` reads them."""

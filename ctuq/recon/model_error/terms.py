@@ -56,6 +56,8 @@ from torch import Tensor
 from ctuq.errors import InputError
 from ctuq.progress import check_cancel, emit_progress
 from ctuq.recon.model_error.coefficients import ModelErrorCoefficients, shipped_coefficients
+from ctuq.recon.model_error.heldout import fit_heldout, heldout_fit
+from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT, NONE
 
 __all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
            "CalibratedTerm", "ConformalTerm", "MODEL_ERROR_TERMS", "METHODS",
@@ -165,7 +167,7 @@ class ModelErrorTerm:
 class NoModelError(ModelErrorTerm):
     """No model error: the posterior's variance alone."""
 
-    name = "none"
+    name = NONE
 
     def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
         return ModelErrorCoefficients(), torch.zeros_like(var_post)
@@ -180,7 +182,7 @@ class HeldoutTerm(ModelErrorTerm):
     (:mod:`ctuq.recon.model_error.heldout`), with a log-normal prior around
     the calibration (:func:`heldout_prior`)."""
 
-    name = "heldout"
+    name = HELDOUT
 
     def prepare(self):
         self.calibration, self.source = heldout_prior(self.settings, self.preset,
@@ -188,8 +190,6 @@ class HeldoutTerm(ModelErrorTerm):
         return self
 
     def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
-        from ctuq.recon.model_error.heldout import fit_heldout, heldout_fit
-
         s = self.settings
         mask, dip_in = heldout_fit(problem.y, problem.op, fit.config, every=s.heldout_every,
                                    min_out=s.heldout_min_out, noise_std=math.sqrt(noise_var),
@@ -207,7 +207,7 @@ class CalibratedTerm(ModelErrorTerm):
     """Per preset: coefficients fitted to known truths of simulated scans
     (``ctuq calibrate``, :func:`~ctuq.recon.model_error.coefficients.fit_to_truth`)."""
 
-    name = "calibrated"
+    name = CALIBRATED
     needs_calibration = True
 
     def prepare(self):
@@ -222,7 +222,7 @@ class ConformalTerm(CalibratedTerm):
     """Per preset: total std = ``q`` · posterior std, never below the posterior's
     (:func:`~ctuq.recon.model_error.coefficients.conformal_scale`)."""
 
-    name = "conformal"
+    name = CONFORMAL
 
     @classmethod
     def apply(cls, coefficients, x_hat, posterior_variance):
@@ -263,7 +263,7 @@ def coefficients_for(preset: str, path=None) -> ModelErrorCoefficients:
         No file given and none shipped for the preset, or a bad file.
     """
     if path is not None:
-        return ModelErrorCoefficients.load(path)
+        return _known_term(ModelErrorCoefficients.load(path), path)
     shipped = shipped_coefficients(preset)
     if shipped is None:
         raise InputError(f"ctuq ships no model-error calibration for preset {preset!r}: run "
@@ -285,9 +285,17 @@ def heldout_prior(settings, preset: str, *, shipped: bool = True):
     if settings.heldout_prior_width == 0:
         return None, None
     if settings.model_error_file is not None:
-        return (ModelErrorCoefficients.load(settings.model_error_file),
-                str(settings.model_error_file))
+        path = settings.model_error_file
+        return _known_term(ModelErrorCoefficients.load(path), path), str(path)
     if not shipped:
         return None, None
     found = shipped_coefficients(preset)
     return (found, f"shipped:{preset}") if found is not None else (None, None)
+
+
+def _known_term(coefficients: ModelErrorCoefficients, path) -> ModelErrorCoefficients:
+    """``coefficients`` read from ``path``, refused when no term of that name exists."""
+    if coefficients.method not in MODEL_ERROR_TERMS:
+        raise InputError(f"must be one of {', '.join(MODEL_ERROR_TERMS)}, got "
+                         f"{coefficients.method!r}", file=path, field="method")
+    return coefficients
