@@ -12,7 +12,7 @@ TOML layout (every key optional)::
     seed = 0
     backend = "auto"         # ray transform: auto | matrix | astra
     noise_std = 0.12         # known noise std (else: file metadata, else estimated)
-    threads = 1              # torch CPU threads (default: all cores; Dask workers: 1)
+    threads = 1              # torch CPU threads (default: the cores no other process is busy on; Dask workers: 1)
 
     [dip]                    # any DIPConfig field
     iterations = 2000
@@ -405,7 +405,7 @@ class ReconstructionConfig:
     noise_std: float | None = setting(None, kind=float, greater_than=0, maximum=1e30,
                                       doc="Known noise std of the sinogram.")
     threads: int | None = setting(None, kind=int, minimum=1, maximum=4096,
-                                  doc="torch CPU threads (default: all cores; a Dask worker "
+                                  doc="torch CPU threads (default: the free cores; a Dask worker "
                                       "gets 1). Equal counts give bit-identical results.")
     dip: dict = setting(default_factory=dict, kind=dict, doc="Overrides of DIPConfig fields.")
     uncertainty: dict = setting(default_factory=dict, kind=dict,
