@@ -144,3 +144,54 @@ def test_a_residual_of_the_wrong_shape_is_refused(result):
     with pytest.raises(InputError, match="residual"):
         Result(reconstruction=result.reconstruction, geometry=result.geometry,
                residual=np.zeros((3, 4), np.float32))
+
+
+# -- shown by the CLI -------------------------------------------------------------------
+def _unwrapped(text: str) -> str:
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_info_shows_the_verdict_the_stages_and_the_warnings(tmp_path, capsys):
+    from ctuq.app.cli import main
+    from ctuq.data.io import write_result
+
+    g = Geometry((12, 12), np.deg2rad(np.arange(20) * 9.0), 18)
+    img = np.ones((12, 12), np.float32)
+    r = Result(reconstruction=img, std=img * 0.5, geometry=g,
+               residual=np.zeros((20, 18), np.float32),
+               diagnostics={"verdict": "misfit", "reason": "χ²/dof 25.3 (threshold 8)",
+                            "chi2_dof": 25.3, "threshold": 8.0, "chi2_per_angle": [1.0] * 20,
+                            "warnings": ["12 % of something odd"],
+                            "center": {"used": 2.25, "estimate": 2.25, "confidence": 0.9,
+                                       "method": "vo"}},
+               provenance={"stages": {"seconds": {"fbp": 0.5, "dip": 3.25, "total": 4.0},
+                                      "counts": {"dip_iterations": 30}}})
+    path = write_result(tmp_path / "r.h5", r)
+    capsys.readouterr()
+    assert main(["info", str(path)]) == 0
+    text = _unwrapped(capsys.readouterr().out)
+    assert "misfit: χ²/dof 25.3 (threshold 8)" in text
+    assert "12 % of something odd" in text
+    assert "offset used 2.25 px; estimate 2.25 px (vo, confidence 0.9)" in text
+    assert "4.00 total: fbp 0.50, dip 3.25" in text and "dip iterations 30" in text
+
+
+def test_summary_table_and_json_carry_the_fit(tmp_path, capsys):
+    import json
+
+    from ctuq.app._cli_output import summary_table, write_summary_json
+    from ctuq.app.batch import Outcome, result_checks
+
+    r = Result(reconstruction=np.ones((4, 4), np.float32),
+               diagnostics={"verdict": "misfit", "reason": "too big", "warnings": ["w1"]},
+               provenance={"stages": {"seconds": {"dip": 1.5}}})
+    o = Outcome("a.h5", "out/a.ctuq.h5", "done", 2.0, **result_checks(r))
+    capsys.readouterr()
+    summary_table([o, Outcome("b.h5", "out/b.ctuq.h5", "failed", error="bad")])
+    text = _unwrapped(capsys.readouterr().out)
+    assert " fit " in f" {text} " and "misfit" in text
+    assert "a.h5: misfit: too big" in text and "a.h5: warning: w1" in text
+    write_summary_json(tmp_path / "s.json", [o], run_id="x")
+    doc = json.loads((tmp_path / "s.json").read_text())["outcomes"][0]
+    assert doc["fit"] == "misfit" and doc["warnings"] == ["w1"]
+    assert doc["stages"] == {"dip": 1.5}
