@@ -195,3 +195,112 @@ def test_summary_table_and_json_carry_the_fit(tmp_path, capsys):
     doc = json.loads((tmp_path / "s.json").read_text())["outcomes"][0]
     assert doc["fit"] == "misfit" and doc["warnings"] == ["w1"]
     assert doc["stages"] == {"dip": 1.5}
+
+
+# -- center_offset = "auto" -------------------------------------------------------------
+def _offset_scan(offset: float):
+    angles = np.deg2rad(np.linspace(0.0, 180.0, 24, endpoint=False))
+    g = Geometry.parallel(24, angles=angles, n_detector=36, center_offset=offset)
+    truth = digits(1, 24, seed=0)[0]
+    y, sigma = simulate_sinogram(truth, RayTransform(g), 0.02, seed=2)
+    return y.numpy(), sigma, angles
+
+
+TINY_24 = TINY.merged({"preset": "reference-28", "dip": {"iterations": 5},
+                       "uncertainty": {"predictive_samples": 2}})
+
+
+def test_center_offset_auto_estimates_and_uses_the_offset():
+    y, sigma, angles = _offset_scan(2.3)
+    r = ctuq.reconstruct(y, TINY_24.merged({"noise_std": sigma}), angles=np.rad2deg(angles),
+                         image_size=24, center_offset="auto")
+    c = r.diagnostics["center"]
+    assert c["requested"] == "auto" and c["confidence"] >= 0.5
+    assert abs(c["estimate"] - 2.3) < 0.5
+    assert r.geometry.center_offset == pytest.approx(c["estimate"]) == c["used"]
+
+
+def test_center_offset_auto_in_the_config_and_a_fallback_to_zero(caplog):
+    y, sigma, angles = _offset_scan(0.0)
+    cfg = TINY_24.merged({"noise_std": sigma, "geometry": {"center_offset": "AUTO"}})
+    assert cfg.geometry["center_offset"] == "auto"
+    # eight angles over 40 deg cannot fix the centre: offset 0 and a warning
+    few = np.deg2rad(np.linspace(0, 40, 8))
+    g = Geometry.parallel(24, angles=few, n_detector=36)
+    yf, _ = simulate_sinogram(digits(1, 24, seed=0)[0], RayTransform(g), 0.02, seed=2)
+    with caplog.at_level(logging.WARNING):
+        r = ctuq.reconstruct(Sinogram(yf.numpy(), g), cfg)
+    c = r.diagnostics["center"]
+    assert c["used"] == 0.0 and r.geometry.center_offset == 0.0 and c["confidence"] < 0.5
+    assert any("center_offset auto" in w for w in r.diagnostics["warnings"])
+    assert any("center_offset auto" in rec.getMessage() for rec in caplog.records)
+
+
+def test_center_offset_flag_takes_auto_or_a_number():
+    from ctuq.app._cli_options import parse_settings
+    from ctuq.errors import InputError
+
+    assert parse_settings({"geometry__center_offset": "auto"}) == \
+        {"geometry": {"center_offset": "auto"}}
+    assert parse_settings({"geometry__center_offset": "-1.5"}) == \
+        {"geometry": {"center_offset": -1.5}}
+    with pytest.raises(InputError, match="--center-offset"):
+        parse_settings({"geometry__center_offset": "left"})
+    with pytest.raises(InputError, match="center_offset"):
+        ctuq.ReconstructionConfig(geometry={"center_offset": "middle"})
+
+
+# -- warnings about the data ------------------------------------------------------------
+def test_data_warnings_for_the_angle_unit_negative_and_integer_data(caplog):
+    g = Geometry.parallel(12, angles=np.deg2rad(np.linspace(0, 3.1, 10)), n_detector=18)
+    data = np.ones((10, 18), np.float32)
+    with caplog.at_level(logging.WARNING):
+        w = data_warnings(Sinogram(data, g))
+    assert len(w) == 1 and "look like radians" in w[0]
+    assert len(caplog.records) == 1
+    g2 = Geometry.parallel(12, angles=np.linspace(0, 179, 10), n_detector=18)  # degrees as rad
+    assert "look like degrees" in data_warnings(Sinogram(data, g2))[0]
+    good = Geometry.parallel(12, angles=np.deg2rad(np.linspace(0, 171, 10)), n_detector=18)
+    assert data_warnings(Sinogram(data, good)) == []
+    neg = -np.abs(np.random.default_rng(0).normal(size=(10, 18))).astype(np.float32)
+    assert "negative" in data_warnings(Sinogram(neg, good))[0]
+    assert "integers" in data_warnings(Sinogram(data, good, meta={"source_dtype": "uint16"}))[0]
+
+
+def test_integer_array_is_noted_in_the_result(measured):
+    y, sigma, _, _ = measured
+    counts = np.round(y * 100).astype(np.int32)
+    r = ctuq.reconstruct(counts, TINY.merged({"noise_std": 100 * sigma, "dip": {"iterations": 3},
+                                              "uncertainty": {"predictive_samples": 2}}),
+                         angles=ANGLES_DEG, image_size=28)
+    assert any("integers (int32)" in w for w in r.diagnostics["warnings"])
+
+
+def test_center_offset_auto_through_a_file(tmp_path):
+    from ctuq.data.io import write_sinogram
+    from ctuq.recon.pipeline import reconstruct_file
+
+    y, sigma, angles = _offset_scan(2.3)
+    g = Geometry.parallel(24, angles=angles, n_detector=36)  # the file says 0
+    src = write_sinogram(tmp_path / "s.nxs", Sinogram(y, g, meta={"noise_std": sigma}))
+    r = reconstruct_file(src, tmp_path / "r.h5", TINY_24, center_offset="auto", isolate=False)
+    back = read_result(tmp_path / "r.h5")
+    assert abs(back.diagnostics["center"]["estimate"] - 2.3) < 0.5
+    assert back.geometry.center_offset == pytest.approx(r.diagnostics["center"]["used"])
+    assert back.config == r.config
+
+
+def test_integer_file_is_noted_once(measured, tmp_path, caplog):
+    from ctuq.recon.pipeline import reconstruct_file
+
+    y, sigma, _, _ = measured
+    np.save(tmp_path / "counts.npy", np.round(y * 100).astype(np.uint16 if y.min() >= 0
+                                                              else np.int16))
+    cfg = TINY.merged({"noise_std": 100 * sigma, "dip": {"iterations": 3},
+                       "uncertainty": {"predictive_samples": 2}})
+    with caplog.at_level(logging.WARNING):
+        r = reconstruct_file(tmp_path / "counts.npy", tmp_path / "r.h5", cfg, isolate=False,
+                             angles=list(ANGLES_DEG), image_size=28)
+    assert sum("integers" in w for w in r.diagnostics["warnings"]) == 1
+    assert sum("integers" in rec.getMessage() for rec in caplog.records) == 1
+    assert read_result(tmp_path / "r.h5").diagnostics["warnings"] == r.diagnostics["warnings"]

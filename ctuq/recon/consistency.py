@@ -29,12 +29,16 @@ from ctuq.recon.diagnostics import MISFIT_THRESHOLD, check_angle_unit, data_cons
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_consistency", "data_warnings", "combine_slices", "NEGATIVE_FRACTION"]
+__all__ = ["check_consistency", "data_warnings", "combine_slices", "auto_center",
+           "NEGATIVE_FRACTION", "MIN_CENTER_CONFIDENCE"]
 
 #: More than this fraction of negative line integrals is worth a warning
 #: (noise makes some negative near the object's edge; most negative is
 #: raw intensities or a flipped sign).
 NEGATIVE_FRACTION = 0.5
+#: An estimated centre of rotation less confident than this is not used
+#: (``center_offset = "auto"`` falls back to 0).
+MIN_CENTER_CONFIDENCE = 0.5
 
 
 def effective_parameters(hyperparameters: dict, n_rays: int) -> float | None:
@@ -135,8 +139,59 @@ def data_warnings(sinogram) -> list[str]:
                    "intensities rather than -log(I/I0), or is the sign flipped?")
     dtype = sinogram.meta.get("source_dtype")
     if dtype is not None and np.dtype(dtype).kind in "iub":
-        out.append(f"the line integrals are integers ({dtype}), converted to float32: "
-                   "counts or intensities rather than line integrals?")
+        out.append(f"the line integrals are integers ({dtype}), converted to float32 and "
+                   "read as line integrals; set raw (--raw) if they are intensities")
     for w in out:
         log.warning("%s%s", where, w)
     return out
+
+
+def auto_center(sinogram):
+    """``center_offset = "auto"``: the centre of rotation estimated from the data.
+
+    :func:`ctuq.data.center.estimate_center_offset` (``method='auto'``) on the
+    sinogram (a stack: on the sum of its slices, whose centre is theirs);
+    an estimate with confidence below :data:`MIN_CENTER_CONFIDENCE`, an
+    undetermined one, or a fan-beam geometry falls back to an offset of 0
+    with a warning.
+
+    Returns
+    -------
+    sinogram : Sinogram
+        With the offset used in its geometry.
+    record : dict
+        JSON-able: ``requested`` (``'auto'``), ``estimate`` (px, or None when
+        undetermined), ``confidence``, ``method``, ``used`` (px).
+    note : str or None
+        The warning when the estimate was not used (also logged).
+    """
+    from dataclasses import replace
+
+    from ctuq.data.center import estimate_center_offset
+    from ctuq.data.io import Sinogram
+
+    g = sinogram.geometry
+    data = np.asarray(sinogram.data, dtype=np.float64)
+    if data.ndim == 3:
+        data = data.sum(axis=0)
+    if g.beam != "parallel":
+        est, conf, method = None, 0.0, "none"
+        reason = "the centre is estimated for parallel beam only"
+    else:
+        e = estimate_center_offset(data, np.asarray(g.angles, dtype=np.float64), method="auto")
+        est = float(e.offset) if math.isfinite(e.offset) else None
+        conf, method = float(e.confidence), e.method
+        reason = str(e.info.get("reason", f"confidence {conf:.2f} < {MIN_CENTER_CONFIDENCE}"))
+    use = est is not None and conf >= MIN_CENTER_CONFIDENCE
+    used = est if use else 0.0
+    note = None
+    if not use:
+        src = sinogram.meta.get("source")
+        note = (f"center_offset auto: the centre of rotation could not be estimated reliably "
+                f"({reason}); using offset 0")
+        log.warning("%s%s", f"{src}: " if src else "", note)
+    record = {"requested": "auto", "estimate": est, "confidence": conf, "method": method,
+              "used": float(used)}
+    geometry = replace(g, center_offset=float(used))
+    return (Sinogram(sinogram.data, geometry, dict(sinogram.meta), sinogram.ground_truth),
+            record, note)

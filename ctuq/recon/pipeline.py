@@ -110,14 +110,21 @@ def as_sinogram(data, *, angles=None, geometry=None, meta=None, ground_truth=Non
     """
     from ctuq.data.geometry import Geometry
 
+    from ctuq.data.io.options import AUTO, without_auto
+
+    geometry_options, auto = without_auto(geometry_options)
+    meta = {**(meta or {}), **({"center_offset": AUTO} if auto else {})}
     if isinstance(geometry, Geometry) and angles is None and not geometry_options:
-        return Sinogram(data, geometry, dict(meta or {}), ground_truth)
+        return Sinogram(data, geometry, meta, ground_truth)
+    dtype = getattr(data, "dtype", None)
+    if dtype is not None and np.dtype(dtype).kind in "iub":  # a note on integer data
+        meta["source_dtype"] = str(np.dtype(dtype))
     arr = check_array(data, file=None, field="sinogram", ndims=(2, 3))
     part, n_angles, _ = geometry_part(angles=angles, geometry=geometry,
                                       options=geometry_options, file=None)
     geom = resolve_geometry(part, n_angles_data=arr.shape[-2], n_detector_data=arr.shape[-1],
                             n_angles_opt=n_angles, file=None)
-    return Sinogram(arr, geom, dict(meta or {}), ground_truth)
+    return Sinogram(arr, geom, meta, ground_truth)
 
 
 def check_memory(shape, config: ReconstructionConfig) -> None:
@@ -238,9 +245,17 @@ def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, can
                  run_id: str | None, ckpt: StageCheckpoints | None) -> Result:
     from ctuq.recon.consistency import combine_slices, data_warnings
 
+    from ctuq.data.io.options import is_auto
+    from ctuq.recon.consistency import auto_center
+
     check_memory(sinogram.geometry.image_shape, config)
     sinogram.check_signal()
     warnings = data_warnings(sinogram)
+    center = None
+    if is_auto(sinogram.meta.get("center_offset")) or is_auto(
+            config.geometry.get("center_offset")):
+        sinogram, center, note = auto_center(sinogram)
+        warnings += [note] if note else []
     slices = list(sinogram.slices()) if sinogram.is_stack else [sinogram]
     outs = []
     keep_freed_memory()  # 2.6x faster Jacobian products at 512² on CPU (allocator.py)
@@ -264,7 +279,8 @@ def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, can
     trace = first["trace"] if len(outs) == 1 else [
         {**t, "slice": i} for i, o in enumerate(outs) for t in o["trace"]]
     posteriors = [o["posterior"] for o in outs]
-    diagnostics = {**combine_slices([o["diagnostics"] for o in outs]), "warnings": warnings}
+    diagnostics = {**combine_slices([o["diagnostics"] for o in outs]), "warnings": warnings,
+                   **({"center": center} if center is not None else {})}
     stages = first["stages"] if len(outs) == 1 else {
         "seconds": {k: float(sum(o["stages"]["seconds"].get(k, 0.0) for o in outs))
                     for k in first["stages"]["seconds"]},
