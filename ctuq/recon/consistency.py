@@ -14,7 +14,7 @@ contradict their unit, negative line integrals on most rays, integer-typed
 line integrals. Each is one ``logging`` warning and one line of the result's
 ``diagnostics['warnings']``.
 
-See ``docs/method.md`` (§8.4) for what the check does and does not cover.
+See docs/method.md §8.4 for what the check does and does not cover.
 """
 
 from __future__ import annotations
