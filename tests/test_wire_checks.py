@@ -304,3 +304,46 @@ def test_integer_file_is_noted_once(measured, tmp_path, caplog):
     assert sum("integers" in w for w in r.diagnostics["warnings"]) == 1
     assert sum("integers" in rec.getMessage() for rec in caplog.records) == 1
     assert read_result(tmp_path / "r.h5").diagnostics["warnings"] == r.diagnostics["warnings"]
+
+
+def test_cli_center_offset_auto_and_summary_json(tmp_path, capsys):
+    import json
+
+    from ctuq.app.cli import main
+    from ctuq.data.io import write_sinogram
+
+    y, sigma, angles = _offset_scan(2.3)
+    g = Geometry.parallel(24, angles=angles, n_detector=36)
+    src = write_sinogram(tmp_path / "scan.nxs", Sinogram(y, g, meta={"noise_std": sigma}))
+    (tmp_path / "tiny.toml").write_text(
+        'preset = "reference-28"\nthreads = 1\n[dip]\niterations = 5\n[uncertainty]\n'
+        'em_steps = 1\nn_samples = 2\npredictive_samples = 2\nstored_samples = 0\n'
+        'predcp = false\ncg_max_iter = 20\n')
+    out = tmp_path / "out"
+    assert main(["reconstruct", str(src), "--out", str(out), "--config",
+                 str(tmp_path / "tiny.toml"), "--center-offset", "auto",
+                 "--summary-json", str(tmp_path / "s.json")]) == 0
+    doc = json.loads((tmp_path / "s.json").read_text())["outcomes"][0]
+    assert doc["fit"] in ("ok", "misfit") and doc["stages"]["dip"] > 0
+    r = read_result(doc["output"])
+    assert abs(r.diagnostics["center"]["estimate"] - 2.3) < 0.5
+    assert r.geometry.center_offset == r.diagnostics["center"]["used"]
+    assert r.config["noise_std"] == pytest.approx(sigma)
+    assert " fit " in " ".join(capsys.readouterr().out.replace("│", " ").split()) + " "
+
+
+def test_a_stack_records_one_verdict_and_a_residual_per_slice(measured, tmp_path):
+    y, sigma, _, _ = measured
+    stack = np.stack([y, y[:, ::-1]])
+    cfg = TINY.merged({"noise_std": sigma, "dip": {"iterations": 3},
+                       "uncertainty": {"predictive_samples": 2}})
+    r = ctuq.reconstruct(stack, cfg, angles=ANGLES_DEG, image_size=28)
+    d = r.diagnostics
+    assert r.residual.shape == stack.shape and len(d["slices"]) == 2
+    assert np.shape(d["chi2_per_angle"]) == (2, len(ANGLES_DEG))
+    assert d["chi2_dof"] == max(s["chi2_dof"] for s in d["slices"])
+    assert (d["verdict"] == "misfit") == any(s["verdict"] == "misfit" for s in d["slices"])
+    st = r.provenance["stages"]
+    assert st["counts"]["dip_iterations"] == 6 and len(st["slices"]) == 2
+    back = read_result(r.save(tmp_path / "s.h5"))
+    assert back.diagnostics == d and np.array_equal(back.residual, r.residual)

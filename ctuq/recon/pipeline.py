@@ -385,8 +385,11 @@ def _consistency_stage(s: _Slice) -> None:
 
     p, out = s.problem, s.outcome
     emit_progress(s.progress, "consistency", 0, 1, "data consistency")
-    s.consistency, s.residual = check_consistency(p.y, p.op, out.reconstruction,
-                                                  out.noise_var, out.hyperparameters)
+    var = float(out.noise_var)
+    if not (var > 0 and np.isfinite(var)):  # a method without a noise level of its own
+        var = p.noise.variance
+    s.consistency, s.residual = check_consistency(p.y, p.op, out.reconstruction, var,
+                                                  out.hyperparameters)
     if s.consistency["verdict"] != "ok":
         src = p.sinogram.meta.get("source")
         log.warning("%smisfit: %s", f"{src}: " if src else "", s.consistency["reason"])
