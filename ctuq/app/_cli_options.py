@@ -31,7 +31,11 @@ def _groups():
     return {"geometry": GeometryOptions, "read": ReadOptions}
 
 
-def _annotation(spec):
+def _annotation(spec, name: str = ""):
+    from ctuq.data.io.options import AUTO_OPTIONS
+
+    if name in AUTO_OPTIONS:
+        return Optional[str]  # a number or "auto"
     if spec.kind is bool:
         return Optional[bool]
     if spec.kind is int and not spec.pair:
@@ -52,8 +56,12 @@ def _help(spec) -> str:
     return text
 
 
-def _metavar(spec) -> str | None:
+def _metavar(spec, name: str = "") -> str | None:
     """What the value looks like in ``--help`` (typer would print ``<str>`` for a size)."""
+    from ctuq.data.io.options import AUTO_OPTIONS
+
+    if name in AUTO_OPTIONS:
+        return "NUMBER|auto"
     if spec.kind is bool:
         return None
     if spec.choices:
@@ -75,10 +83,10 @@ def generated_parameters(groups=("geometry", "read")) -> list[inspect.Parameter]
         for name, (spec, _default) in specs(cls).items():
             decl = f"{flag(name)}/--no-{name.replace('_', '-')}" if spec.kind is bool \
                 else flag(name)
-            opt = typer.Option(None, decl, help=_help(spec), metavar=_metavar(spec),
+            opt = typer.Option(None, decl, help=_help(spec), metavar=_metavar(spec, name),
                                rich_help_panel=f"{group.capitalize()} options ([{group}])")
             params.append(inspect.Parameter(f"{group}__{name}", inspect.Parameter.KEYWORD_ONLY,
-                                            default=opt, annotation=_annotation(spec)))
+                                            default=opt, annotation=_annotation(spec, name)))
     return params
 
 
@@ -131,6 +139,17 @@ def parse_settings(flags: dict) -> dict:
             continue
         group, name = key.split("__", 1)
         spec = specs(_groups()[group])[name][0]
+        if group == "geometry" and isinstance(value, str) and spec.kind is float:
+            from ctuq.data.io.options import AUTO, is_auto
+
+            if is_auto(value):
+                value = AUTO
+            else:
+                try:
+                    value = float(value)
+                except ValueError:
+                    raise InputError(f"must be a number or auto, got {value!r}",
+                                     field=flag(name)) from None
         if spec.kind is list and isinstance(value, str):
             value = _split(value, name, spec.item or float)
         elif spec.kind is int and spec.pair and isinstance(value, str):

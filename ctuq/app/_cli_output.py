@@ -44,23 +44,33 @@ def kv_table(title: str, rows) -> None:
 
 # -- the batch summary ------------------------------------------------------------------
 _COLOURS = {"done": "green", "skipped": "cyan", "failed": "red"}
+#: The data-consistency verdict (``Result.diagnostics['verdict']``).
+_FIT_COLOURS = {"ok": "green", "misfit": "yellow"}
 
 
 def summary_table(outcomes) -> None:
     """The summary table, then every failure's whole reason (wrapped, never cut)."""
     table = Table(title=Text("ctuq reconstruct"))
-    for col in ("file", "status", "time (s)", "PSNR (dB)", "±2σ coverage", "mean std"):
-        table.add_column(col, justify="left" if col in ("file", "status") else "right",
+    for col in ("file", "status", "time (s)", "fit", "PSNR (dB)", "±2σ coverage", "mean std"):
+        table.add_column(col, justify="left" if col in ("file", "status", "fit") else "right",
                          overflow="fold")
     for o in outcomes:
         m = o.metrics or {}
         psnr, cov = m.get("psnr"), m.get("coverage_2sigma")
         table.add_row(Text(Path(o.input).name), Text(o.status, style=_COLOURS[o.status]),
                       f"{o.seconds:.1f}" if o.seconds else "",
+                      Text(o.fit or "", style=_FIT_COLOURS.get(o.fit or "")),
                       f"{psnr:.2f}" if psnr is not None else "",
                       f"{100 * cov:.1f} %" if cov is not None else "",
                       f"{o.mean_std:.4g}" if o.mean_std is not None else "")
     out_console.print(table)
+    for o in outcomes:
+        notes = [f"misfit: {o.fit_reason}"] if o.fit == "misfit" and o.fit_reason else []
+        notes += [f"warning: {w}" for w in getattr(o, "warnings", None) or []]
+        for n in notes:
+            out_console.print(Text.assemble((o.input, "bold"), ": ", (n, "yellow")),
+                              **({"overflow": "fold"} if out_console.is_terminal
+                                 else {"soft_wrap": True}))
     for o in outcomes:
         if o.error or o.note:
             style = "red" if o.status == "failed" else "cyan"
@@ -300,8 +310,50 @@ def result_rows(r) -> list[tuple[str, str]]:
         rows.append(("uncertainty", how))
     rows += _hyperparameter_rows(r.hyperparameters, r.em_trace)
     rows += _metric_rows(r.metrics)
+    rows += diagnostic_rows(r.diagnostics, r.residual)
+    rows += stage_rows(prov.get("stages"))
     if prov.get("versions"):
         rows.append(("libraries", ", ".join(f"{k} {v}" for k, v in prov["versions"].items())))
+    return rows
+
+
+def diagnostic_rows(d: dict, residual=None) -> list[tuple[str, str]]:
+    """``ctuq info``'s rows of ``Result.diagnostics``: the fit's verdict, the
+    centre estimate, the data warnings."""
+    d = d or {}
+    rows = []
+    if d.get("verdict"):
+        line = f"{d['verdict']}: {d.get('reason', '')}".rstrip(": ")
+        if residual is not None:
+            line += " (whitened residual stored)"
+        rows.append(("data consistency", line))
+    c = d.get("center")
+    if isinstance(c, dict):
+        est = c.get("estimate")
+        est = "undetermined" if est is None else f"{_num(est)} px"
+        rows.append(("centre of rotation",
+                     f"offset used {_num(c.get('used', 0.0))} px; estimate {est} "
+                     f"({c.get('method', '?')}, confidence {_num(c.get('confidence', 0.0), 2)})"))
+    for w in d.get("warnings") or []:
+        rows.append(("warning", str(w)))
+    return rows
+
+
+def stage_rows(stages) -> list[tuple[str, str]]:
+    """``ctuq info``'s row of ``provenance['stages']``: seconds per stage, counts."""
+    if not isinstance(stages, dict) or not isinstance(stages.get("seconds"), dict):
+        return []
+    sec = stages["seconds"]
+    parts = [f"{k.replace('_', ' ')} {float(v):.2f}" for k, v in sec.items()
+             if k != "total" and isinstance(v, (int, float))]
+    line = ", ".join(parts)
+    if isinstance(sec.get("total"), (int, float)):
+        line = f"{float(sec['total']):.2f} total: " + line
+    rows = [("stage seconds", line)]
+    counts = stages.get("counts") or {}
+    if counts:
+        rows.append(("iterations", ", ".join(f"{k.replace('_', ' ')} {v}"
+                                             for k, v in counts.items())))
     return rows
 
 

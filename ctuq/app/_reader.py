@@ -54,7 +54,8 @@ RESULT_INFO = "ctuq_result"      # (reconstruction layers) the rest of the Resul
 #: Layer-name suffixes of the result layers (``"<name> reconstruction"``...).
 SUFFIX = {"fbp": "FBP", "ground_truth": "truth", "reconstruction": "reconstruction",
           "std": "total std", "posterior_std": "posterior std",
-          "model_error_std": "model-error std", "error": "|error|"}
+          "model_error_std": "model-error std", "error": "|error|",
+          "residual": "whitened residual"}
 #: Roles of the three std layers, drawn on one colour scale.
 STD_ROLES = ("std", "posterior_std", "model_error_std")
 
@@ -175,7 +176,8 @@ def result_info(result) -> dict:
             "input_path": result.input_path, "input_sha256": result.input_sha256,
             "seed": result.seed, "device": result.device, "units": result.units,
             "version": result.version, "created": result.created,
-            "provenance": result.provenance,
+            "provenance": result.provenance, "diagnostics": result.diagnostics,
+            "residual": result.residual,
             "variance": result.variance, "samples": result.samples, "dip": result.dip}
 
 
@@ -186,6 +188,7 @@ def result_layers(result, name: str) -> list[LayerData]:
     (if known, gray), ``"<name> reconstruction"`` (gray), ``"<name> model-error
     std"``, ``"<name> posterior std"`` and ``"<name> total std"`` (each if
     stored; viridis), ``"<name> |error|"`` (if the truth is known, magma).
+    The whitened residual is :func:`residual_layer`'s (index space).
     Gray layers share the truth's range (else the reconstruction's 1–99 %);
     the three std maps share one scale, 0 to the total std's 99.5 %, so that
     they compare by colour; |error| goes from 0 to its 99.5 %.
@@ -229,6 +232,26 @@ def result_layers(result, name: str) -> list[LayerData]:
         err = np.abs(result.reconstruction - truth)
         layers.append(layer("error", err, "magma", positive_limits(err)))
     return layers
+
+
+def residual_layer(result, name: str) -> LayerData | None:
+    """The whitened residual ``(y − A x̂)/σ`` of a result as a layer, or None.
+
+    A sinogram (angle × detector) in index space like the sinogram layers, so
+    it belongs beside the sinogram, not among the result's layers in mm (one
+    viewer with both would have inconsistent units). PiYG around 0, at least
+    ±3 (three noise stds).
+    """
+    r = result.residual
+    if r is None:
+        return None
+    top = max(3.0, float(np.percentile(np.abs(r), 99.5)))
+    geom = None if result.geometry is None else result.geometry.to_dict()
+    return (r, {"name": f"{name} {SUFFIX['residual']}", "colormap": "PiYG",
+                "contrast_limits": (-top, top),
+                "metadata": {ROLE: "residual", GEOMETRY: geom, "units": None,
+                             "verdict": (result.diagnostics or {}).get("verdict")}},
+            "image")
 
 
 # -- reading ------------------------------------------------------------------

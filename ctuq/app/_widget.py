@@ -38,7 +38,8 @@ from qtpy.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGri
 
 from ctuq.app._cli_output import stage_counts
 from ctuq.app._geometry_form import GeometryForm
-from ctuq.app._reader import ASSUMED, GROUND_TRUTH, ROLE, SINOGRAM_META, SUFFIX, result_layers
+from ctuq.app._reader import (ASSUMED, GROUND_TRUTH, ROLE, SINOGRAM_META, SUFFIX, residual_layer,
+                              result_layers)
 from ctuq.app._result_plot import ResultPlot
 from ctuq.app._settings_form import SettingsForm
 from ctuq.errors import Cancelled, CtuqError, InputError
@@ -573,6 +574,22 @@ class CtuqWidget(QWidget):
         self.metrics_label.setToolTip(full)
         self.status_label.setText(f"Done: {name}.")
         self.export_button.setEnabled(True)
+        residual = residual_layer(result, name)
+        if residual is not None:  # beside the sinogram: index space, as the sinogram is
+            self._set_layer(self.viewer, residual[0], residual[1])
+        self._notify_checks(result, name)
+
+    @staticmethod
+    def _notify_checks(result, name: str) -> None:
+        """A napari warning for a misfit (the data-consistency check) and each data warning."""
+        from napari.utils.notifications import show_warning
+
+        d = result.diagnostics or {}
+        if d.get("verdict") == "misfit":
+            show_warning(f"ctuq: {name}: misfit, the model of the scan does not explain the "
+                         f"data ({d.get('reason', '')}); the std does not cover this")
+        for w in d.get("warnings") or []:
+            show_warning(f"ctuq: {name}: {w}")
 
     def _set_layer(self, viewer, data, kwargs) -> None:
         name = kwargs["name"]

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 _INFO_FIELDS = ("config", "hyperparameters", "em_trace", "metrics", "input_path",
                 "input_sha256", "seed", "device", "units", "version", "created",
-                "provenance", "variance", "samples", "dip")
+                "provenance", "variance", "samples", "dip", "diagnostics", "residual")
 #: Layer roles that are images of a result.
 _IMAGE_ROLES = ("reconstruction", "std", "posterior_std", "model_error_std", "fbp",
                 "ground_truth", "dip", "variance")
@@ -104,7 +104,12 @@ def result_from_layers(layer_data: list[tuple[Any, dict, str]]):
             np.shape(info["samples"])[:-3] + np.shape(info["samples"])[-2:] != shape
             or "reconstruction" not in arrays):
         info.pop("samples")
-    return Result(**arrays, geometry=None if geom is None else Geometry.from_dict(geom),
+    geometry = None if geom is None else Geometry.from_dict(geom)
+    res = info.get("residual")
+    if res is not None and (np.ndim(res) != len(shape) or (geometry is not None and np.shape(
+            res)[-2:] != (geometry.n_angles, geometry.n_detector))):
+        info.pop("residual")
+    return Result(**arrays, geometry=geometry,
                   **{k: v for k, v in info.items() if v is not None})
 
 

@@ -68,6 +68,12 @@ class Outcome:
     metrics: dict = field(default_factory=dict)
     mean_std: float | None = None
     note: str | None = None
+    #: The data-consistency verdict (``ok``/``misfit``), its reason, the data
+    #: warnings and the seconds per stage (``Result.diagnostics``, ``provenance['stages']``).
+    fit: str | None = None
+    fit_reason: str | None = None
+    warnings: list = field(default_factory=list)
+    stages: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -318,7 +324,8 @@ def check_existing(input_path: Path, out_path: Path, config, *, timeout: float) 
         return Outcome(inp, out, "failed", error="the output exists but was computed "
                        f"differently: {'; '.join(diff[:6])}{' ...' if len(diff) > 6 else ''}; "
                        "--overwrite recomputes it, or choose another --out")
-    return Outcome(inp, out, "skipped", note="complete, same input and settings")
+    return Outcome(inp, out, "skipped", note="complete, same input and settings",
+                   **result_checks(stored))
 
 
 def run_one(input_path, out_path, config: dict, overwrite: bool = False,
@@ -354,7 +361,8 @@ def run_one(input_path, out_path, config: dict, overwrite: bool = False,
         result = reconstruct_file(input_path, out_path, cfg, overwrite=overwrite,
                                   progress=progress, run_id=run_id)
         return Outcome(inp, out, "done", time.perf_counter() - t0,
-                       metrics=dict(result.metrics), mean_std=float(result.std.mean()))
+                       metrics=dict(result.metrics), mean_std=float(result.std.mean()),
+                       **result_checks(result))
     except CtuqError as err:
         return Outcome(inp, out, "failed", time.perf_counter() - t0, error=str(err))
     except Exception as err:  # a bug must not stop the batch; keep its trace in the log
@@ -377,7 +385,18 @@ def _mine(existing: Outcome, run_id: str | None) -> Outcome | None:
         return None
     std = None if r.std is None else float(r.std.mean())
     return Outcome(existing.input, existing.output, "done", metrics=dict(r.metrics),
-                   mean_std=std, note="written by an earlier attempt of this run")
+                   mean_std=std, note="written by an earlier attempt of this run",
+                   **result_checks(r))
+
+
+def result_checks(result) -> dict:
+    """The :class:`Outcome` fields of a result's checks (``fit``, ``fit_reason``,
+    ``warnings``, ``stages``); empty for a result without them."""
+    d = result.diagnostics or {}
+    stages = (result.provenance or {}).get("stages") or {}
+    return {"fit": d.get("verdict"), "fit_reason": d.get("reason"),
+            "warnings": [str(w) for w in d.get("warnings") or []],
+            "stages": dict(stages.get("seconds") or {})}
 
 
 def _dask_task(input_path, out_path, config, overwrite, run_id=None):

@@ -4,7 +4,7 @@ Each slice is one :class:`~ctuq.recon.problem.ReconstructionProblem` that
 goes through the stages of :data:`STAGES`::
 
     fbp ─▶ dip (DIP+TV fit) ─▶ uncertainty (the method of [uncertainty] method)
-        ─▶ model error ─▶ predictive (std, samples, metrics) ─▶ Result
+        ─▶ model error ─▶ consistency ─▶ predictive (std, samples, metrics) ─▶ Result
 
 The uncertainty method is an object of :data:`ctuq.recon.methods.METHODS`
 (the linearised Laplace posterior by default; IVON; MC dropout): whichever
@@ -110,14 +110,21 @@ def as_sinogram(data, *, angles=None, geometry=None, meta=None, ground_truth=Non
     """
     from ctuq.data.geometry import Geometry
 
+    from ctuq.data.io.options import AUTO, without_auto
+
+    geometry_options, auto = without_auto(geometry_options)
+    meta = {**(meta or {}), **({"center_offset": AUTO} if auto else {})}
     if isinstance(geometry, Geometry) and angles is None and not geometry_options:
-        return Sinogram(data, geometry, dict(meta or {}), ground_truth)
+        return Sinogram(data, geometry, meta, ground_truth)
+    dtype = getattr(data, "dtype", None)
+    if dtype is not None and np.dtype(dtype).kind in "iub":  # a note on integer data
+        meta["source_dtype"] = str(np.dtype(dtype))
     arr = check_array(data, file=None, field="sinogram", ndims=(2, 3))
     part, n_angles, _ = geometry_part(angles=angles, geometry=geometry,
                                       options=geometry_options, file=None)
     geom = resolve_geometry(part, n_angles_data=arr.shape[-2], n_detector_data=arr.shape[-1],
                             n_angles_opt=n_angles, file=None)
-    return Sinogram(arr, geom, dict(meta or {}), ground_truth)
+    return Sinogram(arr, geom, meta, ground_truth)
 
 
 def check_memory(shape, config: ReconstructionConfig) -> None:
@@ -236,8 +243,19 @@ def _checkpointed(ckpt: StageCheckpoints | None, run: Callable):
 
 def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, cancel,
                  run_id: str | None, ckpt: StageCheckpoints | None) -> Result:
+    from ctuq.recon.consistency import combine_slices, data_warnings
+
+    from ctuq.data.io.options import is_auto
+    from ctuq.recon.consistency import auto_center
+
     check_memory(sinogram.geometry.image_shape, config)
     sinogram.check_signal()
+    warnings = data_warnings(sinogram)
+    center = None
+    if is_auto(sinogram.meta.get("center_offset")) or is_auto(
+            config.geometry.get("center_offset")):
+        sinogram, center, note = auto_center(sinogram)
+        warnings += [note] if note else []
     slices = list(sinogram.slices()) if sinogram.is_stack else [sinogram]
     outs = []
     keep_freed_memory()  # 2.6x faster Jacobian products at 512² on CPU (allocator.py)
@@ -261,6 +279,17 @@ def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, can
     trace = first["trace"] if len(outs) == 1 else [
         {**t, "slice": i} for i, o in enumerate(outs) for t in o["trace"]]
     posteriors = [o["posterior"] for o in outs]
+    diagnostics = {**combine_slices([o["diagnostics"] for o in outs]), "warnings": warnings,
+                   **({"center": center} if center is not None else {})}
+    stages = first["stages"] if len(outs) == 1 else {
+        "seconds": {k: float(sum(o["stages"]["seconds"].get(k, 0.0) for o in outs))
+                    for k in first["stages"]["seconds"]},
+        "counts": {k: int(sum(o["stages"]["counts"].get(k, 0) for o in outs))
+                   for k in first["stages"]["counts"]},
+        "slices": [o["stages"] for o in outs]}
+    prov = provenance(device=first["device"], threads=threads, request=config.to_dict(),
+                      run_id=run_id)
+    prov["stages"] = stages
     return Result(
         reconstruction=stack("mean"), std=stack("std"), variance=stack("variance"),
         posterior_std=stack("posterior_std"), model_error_std=stack("model_error_std"),
@@ -270,8 +299,7 @@ def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, can
         config=first["config"], hyperparameters=hyper, em_trace=trace, metrics=metrics,
         input_path=sinogram.meta.get("source"), seed=config.seed, device=first["device"],
         units="1/mm",
-        provenance=provenance(device=first["device"], threads=threads,
-                              request=config.to_dict(), run_id=run_id),
+        provenance=prov, diagnostics=diagnostics, residual=stack("residual"),
         posterior=posteriors[0] if len(posteriors) == 1 else tuple(posteriors))
 
 
@@ -313,6 +341,10 @@ class _Slice:
         self.timings: dict[str, float] = {}
         self.t_start = time.perf_counter()
         self.term = self.fbp = self.dip = self.outcome = self.model_error = None
+        self.consistency: dict | None = None
+        self.residual: np.ndarray | None = None
+        # wall seconds of every stage, this run's (the provenance's ``stages``)
+        self.stage_seconds: dict[str, float] = {}
         self.record: dict | None = None
 
 
@@ -346,6 +378,24 @@ def _model_error_stage(s: _Slice) -> None:
     s.timings["model_error"] = s.model_error.seconds
 
 
+def _consistency_stage(s: _Slice) -> None:
+    """The whitened residual of the reconstruction shown and its verdict
+    (:mod:`ctuq.recon.consistency`); reads the fit, changes none of its numbers."""
+    from ctuq.recon.consistency import check_consistency
+
+    p, out = s.problem, s.outcome
+    emit_progress(s.progress, "consistency", 0, 1, "data consistency")
+    var = float(out.noise_var)
+    if not (var > 0 and np.isfinite(var)):  # a method without a noise level of its own
+        var = p.noise.variance
+    s.consistency, s.residual = check_consistency(p.y, p.op, out.reconstruction, var,
+                                                  out.hyperparameters)
+    if s.consistency["verdict"] != "ok":
+        src = p.sinogram.meta.get("source")
+        log.warning("%smisfit: %s", f"{src}: " if src else "", s.consistency["reason"])
+    emit_progress(s.progress, "consistency", 1, 1, s.consistency["verdict"])
+
+
 def reconstruct_slice(problem: ReconstructionProblem, progress=None, cancel=None, *,
                       ckpt: StageCheckpoints | None = None, index: int = 0) -> dict:
     """Run :data:`STAGES` on one 2-D problem; the arrays and records of its result."""
@@ -356,10 +406,49 @@ def reconstruct_slice(problem: ReconstructionProblem, progress=None, cancel=None
     # read any calibration file before a fit: a missing or bad one fails at once
     s.term = make_model_error(unc.model_error, unc, problem.preset,
                               shipped=s.method.shipped_calibration).prepare()
-    for _, stage in STAGES:
+    for name, stage in STAGES:
+        t0 = time.perf_counter()
         stage(s)
+        s.stage_seconds[name.replace(" ", "_")] = time.perf_counter() - t0
         check_cancel(cancel, "reconstruction")
+    s.record["stages"] = stage_record(s)
     return s.record
+
+
+def stage_record(s: _Slice) -> dict:
+    """Seconds per stage (and the method's sub-stages) and the iteration counts of a slice.
+
+    ``seconds``: ``fbp``, ``dip``, ``uncertainty`` (with the method's own
+    ``em``, ``predictive``... where it reports them), ``model_error``,
+    ``consistency``, ``metrics``, ``total``; a stage loaded from a checkpoint
+    counts its own recorded seconds. ``counts``: ``dip_iterations``,
+    ``em_steps`` and ``solver_iterations`` / ``cg_iterations`` (summed over the
+    EM steps) where reported.
+    """
+    seconds = dict(s.stage_seconds)
+    for name in ("dip",):  # a resumed stage took its recorded time, not the loading's
+        if name in s.runner.resumed and name in s.timings:
+            seconds[name] = float(s.timings[name])
+    for k, v in (s.outcome.timings if s.outcome is not None else {}).items():
+        seconds.setdefault(k, float(v))
+    seconds["total"] = float(s.timings.get("total", sum(s.stage_seconds.values())))
+    counts = {}
+    hist = getattr(s.dip, "loss_history", None) or {}
+    lengths = [len(v) for v in hist.values() if hasattr(v, "__len__")]
+    if lengths:
+        counts["dip_iterations"] = int(max(lengths))
+    trace = s.outcome.trace if s.outcome is not None else []
+    steps = (s.outcome.hyperparameters or {}).get("em_steps") if s.outcome is not None else None
+    if isinstance(steps, int) and not isinstance(steps, bool):
+        counts["em_steps"] = steps
+    elif trace:
+        counts["em_steps"] = len(trace)
+    if trace:
+        for key in ("solver_iterations", "cg_iterations"):
+            vals = [t[key] for t in trace if isinstance(t.get(key), (int, float))]
+            if vals:
+                counts[key] = int(sum(vals))
+    return {"seconds": {k: float(v) for k, v in seconds.items()}, "counts": counts}
 
 
 def _metrics_stage(s: _Slice) -> None:
@@ -404,14 +493,15 @@ def _metrics_stage(s: _Slice) -> None:
         "dip": s.dip.reconstruction.detach().cpu().numpy(),
         "fbp": s.fbp.cpu().numpy(), "metrics": metrics, "hyperparameters": out.hyperparameters,
         "trace": out.trace, "config": effective, "device": str(p.device),
-        "posterior": out.posterior,
+        "posterior": out.posterior, "diagnostics": s.consistency, "residual": s.residual,
     }
 
 
 #: The stages of a slice, in order: ``(name, function of the slice's state)``.
 #: ``dip`` and the method's own long sub-stages are checkpointed.
 STAGES = (("fbp", _fbp_stage), ("dip", _dip_stage), ("uncertainty", _uncertainty_stage),
-          ("model error", _model_error_stage), ("metrics", _metrics_stage))
+          ("model error", _model_error_stage), ("consistency", _consistency_stage),
+          ("metrics", _metrics_stage))
 
 
 def flat_metrics(summary: dict) -> dict[str, float]:

@@ -73,7 +73,10 @@ def to_line_integrals(data, *, flats=None, darks=None, file_raw: bool | None,
     is_raw = has_frames or bool(raw) or bool(file_raw)
     if not is_raw:
         arr = check_array(data, file=file, field=field, ndims=(2, 3))
-        if np.asarray(data).dtype.kind in "iu":
+        if np.asarray(data).dtype.kind in "iu" and meta is not None:
+            # warned about (once) and recorded in the result by the pipeline's data checks
+            meta["source_dtype"] = str(np.asarray(data).dtype)
+        elif np.asarray(data).dtype.kind in "iu":
             log.warning("%s:%s holds integers and no flat/dark frames: read as line integrals; "
                         "set raw (--raw) if they are intensities", file, field)
         return arr

@@ -230,7 +230,9 @@ def options_partial(go, *, geometry=None, file) -> tuple[dict[str, Any], int | N
         opt["image_shape"] = _shape(go.image_size, file=file, field="image_size")
     for key in ("pixel_size", "detector_spacing", "source_origin", "origin_detector",
                 "center_offset", "beam", "n_detector"):
-        if getattr(go, key) is not None:
+        # center_offset "auto" is estimated from the data by the pipeline, not resolved here
+        if getattr(go, key) is not None and not (key == "center_offset"
+                                                 and isinstance(go.center_offset, str)):
             opt[key] = getattr(go, key)
     rad = go.angles_rad()
     if rad is not None:

@@ -86,13 +86,18 @@ class GeometryOptions:
     angle_unit: str | None = setting(None, kind=str, check=_unit,
                                      doc="deg or rad: unit of the angles given here and of "
                                          "file angles without a units attribute.")
-    center_offset: float | None = setting(None, kind=float, minimum=-1e6, maximum=1e6,
-                                          unit="detector px",
-                                          doc="Centre of rotation: the axis projects this many "
-                                              "pixels right of the detector centre.")
+    center_offset: float | str | None = setting(
+        None, kind=float, minimum=-1e6, maximum=1e6, unit="detector px",
+        doc="Centre of rotation: the axis projects this many pixels right of the detector "
+            "centre; 'auto': estimated from the data (parallel beam).")
 
     def __post_init__(self):
+        auto = is_auto(self.center_offset)
+        if auto:  # "auto" is not a number: checked apart, kept as the word
+            object.__setattr__(self, "center_offset", None)
         validate(self, prefix="geometry")
+        if auto:
+            object.__setattr__(self, "center_offset", AUTO)
         ends = (self.angle_first is None, self.angle_last is None)
         if ends[0] != ends[1]:
             raise InputError("give angle_first and angle_last together",
@@ -193,6 +198,25 @@ class ReadOptions:
         return {"dataset": self.dataset, "raw": self.raw, "format": self.format,
                 "convention": self.convention, "max_memory_gib": self.max_memory_gib,
                 "allow_external": self.allow_external}
+
+
+#: ``center_offset = "auto"``: the centre of rotation estimated from the data
+#: (:func:`ctuq.data.center.estimate_center_offset`, in the pipeline).
+AUTO = "auto"
+#: Geometry options that take :data:`AUTO` as well as a number.
+AUTO_OPTIONS = ("center_offset",)
+
+
+def is_auto(value) -> bool:
+    """``value`` is the word ``auto`` (any case, surrounding blanks ignored)."""
+    return isinstance(value, str) and value.strip().lower() == AUTO
+
+
+def without_auto(options: dict) -> tuple[dict, bool]:
+    """``options`` less a ``center_offset = "auto"``, and whether it was there."""
+    if is_auto(options.get("center_offset")):
+        return {k: v for k, v in options.items() if k != "center_offset"}, True
+    return dict(options), False
 
 
 #: Names of the geometry options (``read_sinogram(**geometry_options)``).

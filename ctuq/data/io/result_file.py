@@ -39,6 +39,12 @@ Layout (see ``docs/file_formats.md``)::
         variance (total), posterior_std, model_error_std,
         samples [k,H,W] / [S,k,H,W], fbp, dip              @units
       metrics/                          NXcollection  [if any]: one float per metric
+      diagnostics/                      NXcollection  [if any] @verdict, @reason,
+                                        @threshold, @chi2_dof
+        json            the diagnostics dict, JSON text (exact)
+        residual        whitened residual (y - A x)/sigma [n_angles, n_detector]
+                        or [S, n_angles, n_detector] float32
+        chi2_per_angle  [n_angles] or [S, n_angles]
 
 A result may hold a single image (napari's export of one layer, e.g. the std
 map alone): without a reconstruction, ``data/`` holds that image under its
@@ -205,6 +211,7 @@ def write_fields(path, result, *, overwrite: bool = False) -> Path:
         "hyperparameters": dumps(result.hyperparameters, field="hyperparameters", file=path),
         "em_trace": dumps(result.em_trace, field="em_trace", file=path),
         "provenance": dumps(result.provenance, field="provenance", file=path),
+        "diagnostics": dumps(result.diagnostics, field="diagnostics", file=path),
     }
     config = to_jsonable(result.config, field="config", file=path)
     hyper = to_jsonable(result.hyperparameters, field="hyperparameters", file=path)
@@ -350,6 +357,8 @@ def _write(f, r, texts, config, hyper, trace) -> None:
             if n == "samples":
                 ds.attrs["axes"] = H.str_list((["slice"] if r.is_stack else [])
                                               + ["sample", "y", "x"])
+    if r.diagnostics or r.residual is not None:
+        _write_diagnostics(entry, r, texts["diagnostics"])
     if r.metrics:
         met = H.new_group(entry, "metrics", "NXcollection")
         for k, v in r.metrics.items():
@@ -357,6 +366,24 @@ def _write(f, r, texts, config, hyper, trace) -> None:
             unit = next((u for pre, u in _METRIC_UNITS.items() if k.startswith(pre)), None)
             if unit:
                 ds.attrs["units"] = unit
+
+
+def _write_diagnostics(entry, r, text: str) -> None:
+    """``/entry/diagnostics``: the verdict as attributes, the dict as JSON, the residual."""
+    d = r.diagnostics or {}
+    attrs = {k: d[k] for k in ("verdict", "reason") if isinstance(d.get(k), str)}
+    attrs.update({k: np.float64(d[k]) for k in ("threshold", "chi2_dof")
+                  if isinstance(d.get(k), (int, float)) and not isinstance(d.get(k), bool)})
+    g = H.new_group(entry, "diagnostics", "NXcollection", **attrs)
+    H.write_str(g, "json", text)
+    if r.residual is not None:
+        H.write_array(g, "residual", r.residual,
+                      long_name="whitened residual (y - A x) / sigma",
+                      axes=H.str_list((["slice"] if r.residual.ndim == 3 else [])
+                                      + ["angle", "detector"]))
+    per_angle = _numeric_array(d.get("chi2_per_angle"))
+    if per_angle is not None:
+        g.create_dataset("chi2_per_angle", data=per_angle.astype(np.float64))
 
 
 # -- reading -------------------------------------------------------------------
@@ -502,6 +529,13 @@ def _read(entry, *, file) -> dict[str, Any]:
                                       image_offset=part.get("image_offset", (0.0, 0.0)))
         except InputError as exc:
             raise InputError(exc.message, file=file, field=f"{gg.name}/{exc.field}") from exc
+    dg = H.get(entry, "diagnostics", file=file, kind="group")  # absent in older files
+    if dg is not None:
+        t = H.read_str(dg, "json", file=file)
+        kw["diagnostics"] = {} if t is None else loads(t, file=file, field=f"{dg.name}/json",
+                                                       kind=dict)
+        kw["residual"] = H.read_array(dg, "residual", file=file, ndims=(2, 3),
+                                      dtype=np.float32)
     met = H.get(entry, "metrics", file=file, kind="group")
     metrics = {}
     if met is not None:

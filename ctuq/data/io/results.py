@@ -83,6 +83,15 @@ class Result:
         ctuq version; default ``ctuq.__version__`` (``"0"`` if unset).
     created : str
         ISO 8601 creation time; default now (UTC).
+    diagnostics : dict
+        The checks of the data and of the fit, JSON-able (empty when none ran):
+        ``chi2_dof``, ``chi2_per_angle``, ``verdict`` (``'ok'``/``'misfit'``),
+        ``reason``, ``threshold`` of the data-consistency check
+        (:mod:`ctuq.recon.consistency`), ``warnings`` (list of str: the data
+        checks before the fit), ``center`` (an estimated centre of rotation).
+    residual : array_like, shape (n_angles, n_detector) or (S, n_angles, n_detector), optional
+        The whitened residual ``(y − A x̂) / σ`` of the reconstruction
+        (dimensionless), float32.
     posterior : object, optional
         In memory only (never written): the fitted posterior of the
         reconstruction (:class:`ctuq.recon.posterior_handle.Posterior`), for
@@ -117,6 +126,8 @@ class Result:
     provenance: dict[str, Any] = field(default_factory=dict)
     version: str = field(default_factory=_default_version)
     created: str = field(default_factory=_now)
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    residual: np.ndarray | None = None
     posterior: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
@@ -144,6 +155,12 @@ class Result:
                 raise InputError(f"has shape {s.shape}; (k, H, W) or (S, k, H, W) matching the "
                                  f"reconstruction {rec.shape} expected", field="samples")
             self.samples = s
+        if self.residual is not None:
+            res = check_array(self.residual, file=None, field="residual", ndims=(rec.ndim,))
+            if res.ndim == 3 and res.shape[0] != rec.shape[0]:
+                raise InputError(f"has {res.shape[0]} slices; the images have {rec.shape[0]}",
+                                 field="residual")
+            self.residual = res
         if self.geometry is not None:
             if not isinstance(self.geometry, Geometry):
                 raise InputError(f"must be a Geometry, got {type(self.geometry).__name__}",
@@ -151,8 +168,12 @@ class Result:
             if tuple(self.geometry.image_shape) != rec.shape[-2:]:
                 raise InputError(f"image shape {self.geometry.image_shape} does not match the "
                                  f"reconstruction {rec.shape}", field="geometry")
+            want = (self.geometry.n_angles, self.geometry.n_detector)
+            if self.residual is not None and tuple(self.residual.shape[-2:]) != want:
+                raise InputError(f"has shape {self.residual.shape}; the geometry's sinogram is "
+                                 f"{want}", field="residual")
         for name, kind in (("config", dict), ("hyperparameters", dict), ("metrics", dict),
-                           ("em_trace", list), ("provenance", dict)):
+                           ("em_trace", list), ("provenance", dict), ("diagnostics", dict)):
             if not isinstance(getattr(self, name), kind):
                 raise InputError(f"must be a {kind.__name__}", field=name)
         if not all(isinstance(step, dict) for step in self.em_trace):
@@ -222,7 +243,7 @@ class Result:
     def __eq__(self, other) -> bool:
         if not isinstance(other, Result):
             return NotImplemented
-        for name in _ARRAYS:
+        for name in _ARRAYS + ("residual",):
             a, b = getattr(self, name), getattr(other, name)
             if (a is None) != (b is None):
                 return False
@@ -238,7 +259,7 @@ class Result:
             for k in self.metrics))
         return same_metrics and all(getattr(self, n) == getattr(other, n) for n in (
             "config", "hyperparameters", "em_trace", "input_path", "input_sha256", "seed",
-            "device", "units", "version", "created", "provenance"))
+            "device", "units", "version", "created", "provenance", "diagnostics"))
 
     __hash__ = None
 

@@ -1,0 +1,349 @@
+"""The real-scan checks wired into the product: the consistency stage (whitened
+residual, χ²/dof, verdict) in the result and its file, the stage timings in the
+provenance, warnings on the data, ``center_offset='auto'``."""
+
+from __future__ import annotations
+
+import logging
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import ctuq
+from ctuq.data.geometry import Geometry
+from ctuq.data.io import Result, Sinogram, read_result
+from ctuq.data.operators import RayTransform
+from ctuq.data.phantoms import digits
+from ctuq.data.simulate import simulate_sinogram
+from ctuq.recon.consistency import check_consistency, data_warnings
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = ctuq.ReconstructionConfig(
+    preset="reference-28", threads=1, dip={"iterations": 30},
+    uncertainty={"em_steps": 1, "n_samples": 2, "predictive_samples": 4, "stored_samples": 0,
+                 "predcp": False, "preconditioner_rank": 8, "cg_max_iter": 20})
+ANGLES_DEG = np.linspace(0.0, 180.0, 20, endpoint=False)
+
+
+@pytest.fixture(scope="module")
+def measured():
+    g = Geometry.parallel(28, angles=np.deg2rad(ANGLES_DEG))
+    truth = digits(1)[0]
+    y, sigma = simulate_sinogram(truth, RayTransform(g), 0.05, seed=1)
+    return y.numpy(), sigma, truth, g
+
+
+@pytest.fixture(scope="module")
+def result(measured):
+    y, sigma, _, _ = measured
+    return ctuq.reconstruct(y, TINY.merged({"noise_std": sigma}), angles=ANGLES_DEG,
+                            image_size=28)
+
+
+# -- the consistency check itself ------------------------------------------------------
+def test_residual_and_chi2_agree_with_a_dense_computation(measured):
+    y, sigma, truth, g = measured
+    op = RayTransform(g, backend="matrix")
+    dense = op.A(torch.eye(28 * 28).reshape(-1, 28, 28)).reshape(28 * 28, -1).T.double()
+    x = torch.as_tensor(truth, dtype=torch.float32)
+    rec, r = check_consistency(torch.as_tensor(y), op, x, sigma ** 2, {"gamma_total": 100.0})
+    want = (y.astype(np.float64).ravel() - dense.numpy() @ truth.astype(np.float64).ravel())
+    want = want.reshape(y.shape) / sigma
+    np.testing.assert_allclose(r, want, rtol=1e-4, atol=1e-4)
+    assert rec["effective_parameters"] == 100.0 and rec["dof"] == y.size - 100.0
+    assert rec["chi2_dof"] == pytest.approx(float((want ** 2).sum()) / (y.size - 100), rel=1e-4)
+    assert len(rec["chi2_per_angle"]) == y.shape[0]
+    # the truth at the true noise level is consistent; at a tenth of it, not
+    assert rec["verdict"] == "ok", rec["reason"]
+    bad, _ = check_consistency(torch.as_tensor(y), op, x, (sigma / 10) ** 2, {})
+    assert bad["verdict"] == "misfit" and bad["effective_parameters"] is None
+    assert bad["dof"] == y.size
+
+
+def test_gamma_beyond_the_rays_falls_back_to_the_ray_count(measured):
+    y, sigma, truth, g = measured
+    op = RayTransform(g)
+    rec, _ = check_consistency(torch.as_tensor(y), op, torch.as_tensor(truth), sigma ** 2,
+                               {"gamma_total": float(y.size + 5)})
+    assert rec["effective_parameters"] is None and rec["dof"] == y.size
+
+
+# -- in the pipeline's result -----------------------------------------------------------
+def test_result_records_the_check_of_the_reconstruction_shown(result, measured):
+    y, sigma, _, g = measured
+    d = result.diagnostics
+    assert set(d) >= {"chi2_dof", "chi2_per_angle", "verdict", "reason", "threshold", "warnings"}
+    assert d["verdict"] in ("ok", "misfit") and d["warnings"] == []
+    assert result.residual.shape == y.shape
+    # recomputed from the result's own numbers: the reconstruction and its noise level
+    sigma2 = result.hyperparameters["sigma2"]
+    op = RayTransform(result.geometry)
+    fwd = op.A(torch.as_tensor(result.reconstruction)).numpy()
+    np.testing.assert_allclose(result.residual, (y - fwd) / np.sqrt(sigma2), rtol=1e-3,
+                               atol=1e-3)
+    assert d["chi2_dof"] == pytest.approx(float((result.residual.astype(np.float64) ** 2).sum())
+                                          / d["dof"], rel=1e-4)
+    assert (d["verdict"] == "misfit") == (d["chi2_dof"] > d["threshold"]
+                                          or max(d["chi2_per_angle"]) > 4 * d["threshold"])
+
+
+def test_a_misfit_is_logged(measured, caplog):
+    y, sigma, _, _ = measured
+    # a noise level far below the data's: the residual is not explained
+    with caplog.at_level(logging.WARNING, logger="ctuq.recon.pipeline"):
+        r = ctuq.reconstruct(y, TINY.merged({"noise_std": sigma / 20,
+                                             "dip": {"iterations": 5}}),
+                             angles=ANGLES_DEG, image_size=28)
+    assert r.diagnostics["verdict"] == "misfit"
+    assert any("misfit" in rec.getMessage() for rec in caplog.records)
+
+
+def test_stage_timings_and_counts_in_the_provenance(result):
+    st = result.provenance["stages"]
+    sec, counts = st["seconds"], st["counts"]
+    for name in ("fbp", "dip", "uncertainty", "em", "predictive", "model_error",
+                 "consistency", "metrics", "total"):
+        assert sec[name] >= 0, name
+    assert sec["em"] + sec["predictive"] <= sec["uncertainty"] + 1e-6
+    assert sum(sec[k] for k in ("fbp", "dip", "uncertainty", "model_error", "consistency")) \
+        <= sec["total"] + 1e-6
+    assert counts["dip_iterations"] == 30
+    assert counts["em_steps"] == result.hyperparameters["em_steps"]
+    assert counts["solver_iterations"] == sum(t["solver_iterations"] for t in result.em_trace)
+
+
+def test_diagnostics_round_trip_through_the_file(result, tmp_path):
+    p = result.save(tmp_path / "r.h5")
+    back = read_result(p)
+    assert back == result
+    assert back.diagnostics == result.diagnostics
+    np.testing.assert_array_equal(back.residual, result.residual)
+    with h5py.File(p, "r") as f:
+        g = f["entry/diagnostics"]
+        assert g.attrs["verdict"] == result.diagnostics["verdict"]
+        assert g.attrs["chi2_dof"] == pytest.approx(result.diagnostics["chi2_dof"])
+        assert g["residual"].shape == result.residual.shape
+        assert g["chi2_per_angle"].shape == (len(ANGLES_DEG),)
+
+
+def test_a_file_without_diagnostics_still_reads(result, tmp_path):
+    p = result.save(tmp_path / "r.h5")
+    with h5py.File(p, "a") as f:
+        del f["entry/diagnostics"]
+    back = read_result(p)
+    assert back.diagnostics == {} and back.residual is None
+    np.testing.assert_array_equal(back.reconstruction, result.reconstruction)
+
+
+def test_a_residual_of_the_wrong_shape_is_refused(result):
+    from ctuq.errors import InputError
+
+    with pytest.raises(InputError, match="residual"):
+        Result(reconstruction=result.reconstruction, geometry=result.geometry,
+               residual=np.zeros((3, 4), np.float32))
+
+
+# -- shown by the CLI -------------------------------------------------------------------
+def _unwrapped(text: str) -> str:
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_info_shows_the_verdict_the_stages_and_the_warnings(tmp_path, capsys):
+    from ctuq.app.cli import main
+    from ctuq.data.io import write_result
+
+    g = Geometry((12, 12), np.deg2rad(np.arange(20) * 9.0), 18)
+    img = np.ones((12, 12), np.float32)
+    r = Result(reconstruction=img, std=img * 0.5, geometry=g,
+               residual=np.zeros((20, 18), np.float32),
+               diagnostics={"verdict": "misfit", "reason": "χ²/dof 25.3 (threshold 8)",
+                            "chi2_dof": 25.3, "threshold": 8.0, "chi2_per_angle": [1.0] * 20,
+                            "warnings": ["12 % of something odd"],
+                            "center": {"used": 2.25, "estimate": 2.25, "confidence": 0.9,
+                                       "method": "vo"}},
+               provenance={"stages": {"seconds": {"fbp": 0.5, "dip": 3.25, "total": 4.0},
+                                      "counts": {"dip_iterations": 30}}})
+    path = write_result(tmp_path / "r.h5", r)
+    capsys.readouterr()
+    assert main(["info", str(path)]) == 0
+    text = _unwrapped(capsys.readouterr().out)
+    assert "misfit: χ²/dof 25.3 (threshold 8)" in text
+    assert "12 % of something odd" in text
+    assert "offset used 2.25 px; estimate 2.25 px (vo, confidence 0.9)" in text
+    assert "4.00 total: fbp 0.50, dip 3.25" in text and "dip iterations 30" in text
+
+
+def test_summary_table_and_json_carry_the_fit(tmp_path, capsys):
+    import json
+
+    from ctuq.app._cli_output import summary_table, write_summary_json
+    from ctuq.app.batch import Outcome, result_checks
+
+    r = Result(reconstruction=np.ones((4, 4), np.float32),
+               diagnostics={"verdict": "misfit", "reason": "too big", "warnings": ["w1"]},
+               provenance={"stages": {"seconds": {"dip": 1.5}}})
+    o = Outcome("a.h5", "out/a.ctuq.h5", "done", 2.0, **result_checks(r))
+    capsys.readouterr()
+    summary_table([o, Outcome("b.h5", "out/b.ctuq.h5", "failed", error="bad")])
+    text = _unwrapped(capsys.readouterr().out)
+    assert " fit " in f" {text} " and "misfit" in text
+    assert "a.h5: misfit: too big" in text and "a.h5: warning: w1" in text
+    write_summary_json(tmp_path / "s.json", [o], run_id="x")
+    doc = json.loads((tmp_path / "s.json").read_text())["outcomes"][0]
+    assert doc["fit"] == "misfit" and doc["warnings"] == ["w1"]
+    assert doc["stages"] == {"dip": 1.5}
+
+
+# -- center_offset = "auto" -------------------------------------------------------------
+def _offset_scan(offset: float):
+    angles = np.deg2rad(np.linspace(0.0, 180.0, 24, endpoint=False))
+    g = Geometry.parallel(24, angles=angles, n_detector=36, center_offset=offset)
+    truth = digits(1, 24, seed=0)[0]
+    y, sigma = simulate_sinogram(truth, RayTransform(g), 0.02, seed=2)
+    return y.numpy(), sigma, angles
+
+
+TINY_24 = TINY.merged({"preset": "reference-28", "dip": {"iterations": 5},
+                       "uncertainty": {"predictive_samples": 2}})
+
+
+def test_center_offset_auto_estimates_and_uses_the_offset():
+    y, sigma, angles = _offset_scan(2.3)
+    r = ctuq.reconstruct(y, TINY_24.merged({"noise_std": sigma}), angles=np.rad2deg(angles),
+                         image_size=24, center_offset="auto")
+    c = r.diagnostics["center"]
+    assert c["requested"] == "auto" and c["confidence"] >= 0.5
+    assert abs(c["estimate"] - 2.3) < 0.5
+    assert r.geometry.center_offset == pytest.approx(c["estimate"]) == c["used"]
+
+
+def test_center_offset_auto_in_the_config_and_a_fallback_to_zero(caplog):
+    y, sigma, angles = _offset_scan(0.0)
+    cfg = TINY_24.merged({"noise_std": sigma, "geometry": {"center_offset": "AUTO"}})
+    assert cfg.geometry["center_offset"] == "auto"
+    # eight angles over 40 deg cannot fix the centre: offset 0 and a warning
+    few = np.deg2rad(np.linspace(0, 40, 8))
+    g = Geometry.parallel(24, angles=few, n_detector=36)
+    yf, _ = simulate_sinogram(digits(1, 24, seed=0)[0], RayTransform(g), 0.02, seed=2)
+    with caplog.at_level(logging.WARNING):
+        r = ctuq.reconstruct(Sinogram(yf.numpy(), g), cfg)
+    c = r.diagnostics["center"]
+    assert c["used"] == 0.0 and r.geometry.center_offset == 0.0 and c["confidence"] < 0.5
+    assert any("center_offset auto" in w for w in r.diagnostics["warnings"])
+    assert any("center_offset auto" in rec.getMessage() for rec in caplog.records)
+
+
+def test_center_offset_flag_takes_auto_or_a_number():
+    from ctuq.app._cli_options import parse_settings
+    from ctuq.errors import InputError
+
+    assert parse_settings({"geometry__center_offset": "auto"}) == \
+        {"geometry": {"center_offset": "auto"}}
+    assert parse_settings({"geometry__center_offset": "-1.5"}) == \
+        {"geometry": {"center_offset": -1.5}}
+    with pytest.raises(InputError, match="--center-offset"):
+        parse_settings({"geometry__center_offset": "left"})
+    with pytest.raises(InputError, match="center_offset"):
+        ctuq.ReconstructionConfig(geometry={"center_offset": "middle"})
+
+
+# -- warnings about the data ------------------------------------------------------------
+def test_data_warnings_for_the_angle_unit_negative_and_integer_data(caplog):
+    g = Geometry.parallel(12, angles=np.deg2rad(np.linspace(0, 3.1, 10)), n_detector=18)
+    data = np.ones((10, 18), np.float32)
+    with caplog.at_level(logging.WARNING):
+        w = data_warnings(Sinogram(data, g))
+    assert len(w) == 1 and "look like radians" in w[0]
+    assert len(caplog.records) == 1
+    g2 = Geometry.parallel(12, angles=np.linspace(0, 179, 10), n_detector=18)  # degrees as rad
+    assert "look like degrees" in data_warnings(Sinogram(data, g2))[0]
+    good = Geometry.parallel(12, angles=np.deg2rad(np.linspace(0, 171, 10)), n_detector=18)
+    assert data_warnings(Sinogram(data, good)) == []
+    neg = -np.abs(np.random.default_rng(0).normal(size=(10, 18))).astype(np.float32)
+    assert "negative" in data_warnings(Sinogram(neg, good))[0]
+    assert "integers" in data_warnings(Sinogram(data, good, meta={"source_dtype": "uint16"}))[0]
+
+
+def test_integer_array_is_noted_in_the_result(measured):
+    y, sigma, _, _ = measured
+    counts = np.round(y * 100).astype(np.int32)
+    r = ctuq.reconstruct(counts, TINY.merged({"noise_std": 100 * sigma, "dip": {"iterations": 3},
+                                              "uncertainty": {"predictive_samples": 2}}),
+                         angles=ANGLES_DEG, image_size=28)
+    assert any("integers (int32)" in w for w in r.diagnostics["warnings"])
+
+
+def test_center_offset_auto_through_a_file(tmp_path):
+    from ctuq.data.io import write_sinogram
+    from ctuq.recon.pipeline import reconstruct_file
+
+    y, sigma, angles = _offset_scan(2.3)
+    g = Geometry.parallel(24, angles=angles, n_detector=36)  # the file says 0
+    src = write_sinogram(tmp_path / "s.nxs", Sinogram(y, g, meta={"noise_std": sigma}))
+    r = reconstruct_file(src, tmp_path / "r.h5", TINY_24, center_offset="auto", isolate=False)
+    back = read_result(tmp_path / "r.h5")
+    assert abs(back.diagnostics["center"]["estimate"] - 2.3) < 0.5
+    assert back.geometry.center_offset == pytest.approx(r.diagnostics["center"]["used"])
+    assert back.config == r.config
+
+
+def test_integer_file_is_noted_once(measured, tmp_path, caplog):
+    from ctuq.recon.pipeline import reconstruct_file
+
+    y, sigma, _, _ = measured
+    np.save(tmp_path / "counts.npy", np.round(y * 100).astype(np.uint16 if y.min() >= 0
+                                                              else np.int16))
+    cfg = TINY.merged({"noise_std": 100 * sigma, "dip": {"iterations": 3},
+                       "uncertainty": {"predictive_samples": 2}})
+    with caplog.at_level(logging.WARNING):
+        r = reconstruct_file(tmp_path / "counts.npy", tmp_path / "r.h5", cfg, isolate=False,
+                             angles=list(ANGLES_DEG), image_size=28)
+    assert sum("integers" in w for w in r.diagnostics["warnings"]) == 1
+    assert sum("integers" in rec.getMessage() for rec in caplog.records) == 1
+    assert read_result(tmp_path / "r.h5").diagnostics["warnings"] == r.diagnostics["warnings"]
+
+
+def test_cli_center_offset_auto_and_summary_json(tmp_path, capsys):
+    import json
+
+    from ctuq.app.cli import main
+    from ctuq.data.io import write_sinogram
+
+    y, sigma, angles = _offset_scan(2.3)
+    g = Geometry.parallel(24, angles=angles, n_detector=36)
+    src = write_sinogram(tmp_path / "scan.nxs", Sinogram(y, g, meta={"noise_std": sigma}))
+    (tmp_path / "tiny.toml").write_text(
+        'preset = "reference-28"\nthreads = 1\n[dip]\niterations = 5\n[uncertainty]\n'
+        'em_steps = 1\nn_samples = 2\npredictive_samples = 2\nstored_samples = 0\n'
+        'predcp = false\ncg_max_iter = 20\n')
+    out = tmp_path / "out"
+    assert main(["reconstruct", str(src), "--out", str(out), "--config",
+                 str(tmp_path / "tiny.toml"), "--center-offset", "auto",
+                 "--summary-json", str(tmp_path / "s.json")]) == 0
+    doc = json.loads((tmp_path / "s.json").read_text())["outcomes"][0]
+    assert doc["fit"] in ("ok", "misfit") and doc["stages"]["dip"] > 0
+    r = read_result(doc["output"])
+    assert abs(r.diagnostics["center"]["estimate"] - 2.3) < 0.5
+    assert r.geometry.center_offset == r.diagnostics["center"]["used"]
+    assert r.config["noise_std"] == pytest.approx(sigma)
+    assert " fit " in " ".join(capsys.readouterr().out.replace("│", " ").split()) + " "
+
+
+def test_a_stack_records_one_verdict_and_a_residual_per_slice(measured, tmp_path):
+    y, sigma, _, _ = measured
+    stack = np.stack([y, y[:, ::-1]])
+    cfg = TINY.merged({"noise_std": sigma, "dip": {"iterations": 3},
+                       "uncertainty": {"predictive_samples": 2}})
+    r = ctuq.reconstruct(stack, cfg, angles=ANGLES_DEG, image_size=28)
+    d = r.diagnostics
+    assert r.residual.shape == stack.shape and len(d["slices"]) == 2
+    assert np.shape(d["chi2_per_angle"]) == (2, len(ANGLES_DEG))
+    assert d["chi2_dof"] == max(s["chi2_dof"] for s in d["slices"])
+    assert (d["verdict"] == "misfit") == any(s["verdict"] == "misfit" for s in d["slices"])
+    st = r.provenance["stages"]
+    assert st["counts"]["dip_iterations"] == 6 and len(st["slices"]) == 2
+    back = read_result(r.save(tmp_path / "s.h5"))
+    assert back.diagnostics == d and np.array_equal(back.residual, r.residual)
