@@ -1,5 +1,5 @@
 """The realistic simulation condition: finer grid, other projector, hidden centre of
-rotation, photon counts with flats and darks (ctuq.data.simulate.simulate_realistic)."""
+rotation, photon counts with flats and darks (ctuq.data.realistic.simulate_realistic)."""
 
 import dataclasses
 import json
@@ -10,9 +10,9 @@ import torch
 
 from ctuq.data import phantoms
 from ctuq.data.operators import RayTransform, system_matrix
-from ctuq.data.simulate import (downsample, incident_counts, line_integral_variance,
-                                line_integrals_from_counts, photon_counts, project_fine,
-                                realistic_case, simulate_realistic)
+from ctuq.data.realistic import (downsample, incident_counts, line_integral_variance,
+                                 line_integrals_from_counts, photon_counts, project_fine,
+                                 realistic_case, simulate_realistic)
 from ctuq.data.splits import NOISE_BASE, SEED_BASE, SEEDS_PER_SPLIT, Case
 from ctuq.errors import InputError
 

@@ -215,7 +215,7 @@ def _simulate_counts(out: Path, fmt: str, phantom: str, size: int, angles: int,
                      geometry: str, seed: int, overwrite: bool, counts: float,
                      upsample: int, center_error: str) -> None:
     """``ctuq simulate --counts``: a realistic scan (photon counts, finer grid, hidden centre)."""
-    from ctuq.data.simulate import simulate_realistic
+    from ctuq.data.realistic import simulate_realistic
 
     if fmt != "nxtomo":
         raise InputError("--counts writes raw frames with flats and darks: use NXtomo "
