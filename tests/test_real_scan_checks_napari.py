@@ -55,17 +55,17 @@ def test_residual_layer_and_export_keep_the_checks(make_napari_viewer, tmp_path)
 def test_misfit_and_data_warnings_are_notified():
     from napari.utils.notifications import notification_manager
 
-    from ctuq.app._widget import CtuqWidget
+    from ctuq.app._result_layers import notify_checks
 
     n = len(notification_manager.records)
-    CtuqWidget._notify_checks(_result("misfit"), "scan")
+    notify_checks(_result("misfit"), "scan")
     new = notification_manager.records[n:]
     assert [x.severity for x in new] == ["warning", "warning"]
     assert "misfit" in new[0].message and "negative" in new[1].message
     n = len(notification_manager.records)
     ok = _result("ok")
     ok.diagnostics["warnings"] = []
-    CtuqWidget._notify_checks(ok, "scan")
+    notify_checks(ok, "scan")
     assert len(notification_manager.records) == n
 
 

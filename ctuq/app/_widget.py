@@ -40,6 +40,8 @@ from ctuq.app._cli_output import stage_counts
 from ctuq.app._geometry_form import GeometryForm
 from ctuq.app._reader import (ASSUMED, GROUND_TRUTH, ROLE, SINOGRAM_META, SUFFIX, residual_layer,
                               result_layers)
+from ctuq.app._result_layers import (grid_of, in_mm, metrics_text, notify_checks, set_layer,
+                                     style_result_layer)
 from ctuq.app._result_plot import ResultPlot
 from ctuq.app._settings_form import SettingsForm
 from ctuq.errors import Cancelled, CtuqError, InputError
@@ -65,53 +67,6 @@ LABELS = {"iterations": "DIP iterations", "tv_weight": "TV weight",
 def _unwrap(obj):
     """The object behind napari's ``PublicOnlyProxy`` (plugin widgets get proxies)."""
     return getattr(obj, "__wrapped__", obj)
-
-
-def grid_of(viewer):
-    """The viewer's grid settings: ``viewer.canvas.grid`` (napari >= 0.9) or ``viewer.grid``."""
-    canvas = getattr(viewer, "canvas", None)
-    grid = getattr(canvas, "grid", None)
-    return grid if grid is not None else viewer.grid
-
-
-#: Roles of layers that get a colorbar (images with a value scale worth reading).
-COLORBAR_ROLES = ("reconstruction", "std", "posterior_std", "model_error_std", "error", "fbp",
-                  "ground_truth")
-
-
-def in_mm(layer) -> bool:
-    """Whether a layer's displayed axes are in mm (result images are; sinograms are not)."""
-    units = getattr(layer, "units", ()) or ()
-    return len(units) >= 2 and all(str(u) in ("mm", "millimeter") for u in units[-2:])
-
-
-def style_result_layer(viewer, layer) -> None:
-    """Colorbar, panel name and scale bar for a ctuq layer (best effort: napari >= 0.6)."""
-    role = getattr(layer, "metadata", {}).get(ROLE)
-    if role is None:
-        return
-    try:
-        layer.name_overlay.visible = True  # the layer's name in its grid panel
-        if role in COLORBAR_ROLES:
-            layer.colorbar.visible = True
-            value_unit = layer.metadata.get("units")
-            if value_unit:  # napari's colour bars have no title: one caption says the unit
-                text = _canvas_text(viewer)
-                text.text = f"colour bars in {value_unit}"
-                text.position = "bottom_right"
-                text.visible = True
-        if in_mm(layer):
-            viewer.scale_bar.visible = True
-    except (AttributeError, ValueError) as err:  # an older napari: plain layers
-        log.debug("cannot style layer %s: %s", layer.name, err)
-
-
-def _canvas_text(viewer):
-    """The viewer's canvas text overlay (``viewer.canvas.overlays.text`` in napari >= 0.9)."""
-    canvas = getattr(viewer, "canvas", None)
-    overlays = getattr(canvas, "overlays", None)
-    text = getattr(overlays, "text", None)
-    return text if text is not None else viewer.text_overlay
 
 
 class _Relay(QObject):
@@ -561,7 +516,7 @@ class CtuqWidget(QWidget):
                     lay.metadata.get(ROLE) == "ground_truth" and lay.name.startswith(name)
                     and in_mm(lay) for lay in target.layers):
                 continue  # the truth is already shown
-            self._set_layer(target, data, kwargs)
+            set_layer(target, data, kwargs)
         if self.grid_check.isChecked():
             grid_of(target).enabled = True
         rec_name = f"{name} {SUFFIX['reconstruction']}"
@@ -569,56 +524,15 @@ class CtuqWidget(QWidget):
             target.layers.selection.active = target.layers[rec_name]
         target.reset_view()
         self._show_plot(result)
-        shown, full = self._metrics_text(result)
+        shown, full = metrics_text(result)
         self.metrics_label.setText(shown)
         self.metrics_label.setToolTip(full)
         self.status_label.setText(f"Done: {name}.")
         self.export_button.setEnabled(True)
         residual = residual_layer(result, name)
         if residual is not None:  # beside the sinogram: index space, as the sinogram is
-            self._set_layer(self.viewer, residual[0], residual[1])
-        self._notify_checks(result, name)
-
-    @staticmethod
-    def _notify_checks(result, name: str) -> None:
-        """A napari warning for a misfit (the data-consistency check) and each data warning."""
-        from napari.utils.notifications import show_warning
-
-        d = result.diagnostics or {}
-        if d.get("verdict") == "misfit":
-            show_warning(f"ctuq: {name}: misfit, the model of the scan does not explain the "
-                         f"data ({d.get('reason', '')}); the std does not cover this")
-        for w in d.get("warnings") or []:
-            show_warning(f"ctuq: {name}: {w}")
-
-    def _set_layer(self, viewer, data, kwargs) -> None:
-        name = kwargs["name"]
-        if name in viewer.layers:
-            layer = viewer.layers[name]
-            layer.data = data
-            layer.metadata = kwargs["metadata"]
-            layer.contrast_limits_range = kwargs["contrast_limits"]
-            layer.contrast_limits = kwargs["contrast_limits"]
-            layer.colormap = kwargs["colormap"]
-            for key in ("scale", "translate", "units"):
-                if key in kwargs:
-                    setattr(layer, key, kwargs[key])
-            style_result_layer(viewer, layer)
-        else:
-            viewer.add_image(data, **kwargs)
-
-    #: Metrics shown under the buttons (all of them are in the label's tooltip).
-    SHOWN_METRICS = (("psnr", "PSNR {:.2f} dB"), ("psnr_fbp", "(FBP {:.2f} dB)"),
-                     ("ssim", "SSIM {:.3f}"), ("coverage_1sigma", "coverage ±1σ {:.0%}"),
-                     ("coverage_2sigma", "±2σ {:.0%}"),
-                     ("spearman_std_abs_error", "Spearman(std, |error|) {:.2f}"))
-
-    @classmethod
-    def _metrics_text(cls, result) -> tuple[str, str]:
-        m = result.metrics
-        shown = " · ".join(fmt.format(m[key]) for key, fmt in cls.SHOWN_METRICS if key in m)
-        full = "\n".join(f"{k}: {v:.6g}" for k, v in sorted(m.items()))
-        return shown, full
+            set_layer(self.viewer, residual[0], residual[1])
+        notify_checks(result, name)
 
     def _show_plot(self, result) -> None:
         if self.plot is None:
