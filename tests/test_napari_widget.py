@@ -209,6 +209,26 @@ def test_cancel_during_hyperparameter_fit(viewer_widget, qtbot):
     assert len(viewer.layers) == n_layers and w.last_result is None
 
 
+def test_run_mc_dropout_from_the_widget(viewer_widget, qtbot):
+    """The method choice of the form reaches the pipeline: MC-dropout DIP runs from napari
+    and gives the same layers (its std has no model-error part of its own to hide)."""
+    viewer, w = viewer_widget
+    _tiny(w)
+    w.setting("uncertainty.method").value = "mc-dropout"
+    assert w.config().uncertainty["method"] == "mc-dropout"
+    w.run()
+    qtbot.waitUntil(lambda: not w.is_running, timeout=300_000)
+    qtbot.waitUntil(lambda: w.run_button.isEnabled(), timeout=5_000)
+    assert w.last_result is not None, w.status_label.text()
+    assert w.last_result.config["uncertainty"]["method"] == "mc-dropout"
+    names = [lay.name for lay in w.results_viewer().layers]
+    for name in ("digit reconstruction", "digit total std", "digit posterior std",
+                 "digit model-error std"):
+        assert name in names
+    assert np.all(w.last_result.posterior_std > 0)
+    w.close_results_viewer()
+
+
 def test_run_end_to_end(viewer_widget, qtbot, tmp_path):
     viewer, w = viewer_widget
     n_before = len(_notifications())
