@@ -1,6 +1,7 @@
 """Shared fixtures: a private matrix cache, thread counts, the 28² toy problem, CUDA detection."""
 
 import os
+import subprocess
 
 import pytest
 import torch
@@ -69,3 +70,19 @@ def sample_posterior(likelihood, prior, noise_var, k, method="cg", **kw):
     call = {n: kw.pop(n) for n in names if n in kw}
     sampler = CGSampler(CGOptions(**kw)) if method == "cg" else STOSampler(STOOptions(**kw))
     return sampler.sample(likelihood, prior, noise_var, k, **call)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 200 kB tmpfs (root only; skipped where it cannot be mounted)."""
+    d = tmp_path / "small_disk"
+    d.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(d)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {p.stderr.strip() or p.returncode}")
+    try:
+        yield d
+    finally:
+        if subprocess.run(["umount", str(d)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(d)], capture_output=True)

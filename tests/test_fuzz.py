@@ -737,20 +737,6 @@ def test_generated_inputs_slow(tmp_path_factory, out_dir, category):
 
 
 # -- a disk that fills during the write ---------------------------------------------------------
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 200 kB tmpfs (root only; skipped where it cannot be mounted)."""
-    d = tmp_path / "small_disk"
-    d.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(d)],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {p.stderr.strip() or p.returncode}")
-    try:
-        yield d
-    finally:
-        if subprocess.run(["umount", str(d)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
 def _disk_case(disk: Path, i: int, category: str, out_dir: Path | None) -> None:

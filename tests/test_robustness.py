@@ -568,20 +568,6 @@ def test_a_constant_sinogram_file_fails_naming_file_and_field(tmp_path):
     assert not (tmp_path / "out" / "blank.ctuq.h5").exists()
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 200 kB tmpfs (root only; skipped where it cannot be mounted)."""
-    d = tmp_path / "small_disk"
-    d.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(d)],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {p.stderr.strip() or p.returncode}")
-    try:
-        yield d
-    finally:
-        if subprocess.run(["umount", str(d)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
 def test_a_disk_that_fills_during_the_write_is_one_clear_error(small_disk):
