@@ -36,7 +36,8 @@ Beam = Literal["parallel", "fan"]
 MAX_ABS_ANGLE = 2000 * math.pi
 
 
-def _check_finite(value, name: str) -> float:
+def finite_number(value, name: str) -> float:
+    """``value`` as a finite float; an :class:`InputError` naming ``name`` otherwise."""
     if isinstance(value, bool):
         raise InputError(f"must be a number, got {value!r}", field=name)
     try:
@@ -196,13 +197,13 @@ class Geometry:
             spacing = self.pixel_size * self.magnification
         object.__setattr__(self, "detector_spacing",
                            _check_positive(spacing, "detector_spacing"))
-        object.__setattr__(self, "center_offset", _check_finite(self.center_offset,
+        object.__setattr__(self, "center_offset", finite_number(self.center_offset,
                                                                 "center_offset"))
         offset = self.image_offset
         if offset is None or np.isscalar(offset) or len(offset) != 2:
             raise InputError(f"must be two numbers (rows, columns), got {offset!r}",
                              field="image_offset")
-        offset = tuple(_check_finite(v, "image_offset") for v in offset)
+        offset = tuple(finite_number(v, "image_offset") for v in offset)
         object.__setattr__(self, "image_offset", offset)
 
         # The detector must at least see the disc inscribed in the image (to
@@ -255,7 +256,7 @@ class Geometry:
         if n_detector is None:
             n_detector = int(math.ceil(math.sqrt(2) * max(shape) * _check_positive(
                 pixel_size, "pixel_size") / _check_positive(spacing, "detector_spacing")
-                + 2 * abs(_check_finite(center_offset, "center_offset")) - 1e-9))
+                + 2 * abs(finite_number(center_offset, "center_offset")) - 1e-9))
         return cls(shape, angles, n_detector, pixel_size, spacing, "parallel",
                    center_offset=center_offset)
 
@@ -289,7 +290,7 @@ class Geometry:
             probe = cls(shape, angles, 10**7, pixel_size, detector_spacing, "fan", src, det)
             width = probe._detector_width_for_radius(radius)
             n_detector = int(math.ceil(width / probe.detector_spacing - 1e-9
-                                       + 2 * abs(_check_finite(center_offset, "center_offset"))))
+                                       + 2 * abs(finite_number(center_offset, "center_offset"))))
         return cls(shape, angles, n_detector, pixel_size, detector_spacing, "fan", src, det,
                    center_offset=center_offset)
 

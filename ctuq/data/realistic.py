@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ctuq.data.geometry import finite_number
 from ctuq.errors import InputError
 
 
@@ -371,13 +371,8 @@ class RealisticScan:
 
 
 def _check_number(value, name: str, lo: float, hi: float, *, open_lo: bool = False) -> float:
-    if isinstance(value, bool):
-        raise InputError(f"must be a number, got {value!r}", field=name)
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"must be a number, got {value!r}", field=name) from None
-    if not (math.isfinite(v) and (v > lo if open_lo else v >= lo) and v <= hi):
+    v = finite_number(value, name)
+    if not ((v > lo if open_lo else v >= lo) and v <= hi):
         raise InputError(f"must be in {'(' if open_lo else '['}{lo:g}, {hi:g}], got {value!r}",
                          field=name)
     return v

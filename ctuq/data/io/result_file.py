@@ -183,28 +183,9 @@ def _axes(result) -> tuple[list[str], dict[str, tuple[np.ndarray, str]]]:
 
 
 def write_fields(path, result, *, overwrite: bool = False) -> Path:
-    """Write a result as a NeXus NXtomoproc HDF5 file, atomically (see
-    :func:`ctuq.data.io.results.write_result`, which checks its type).
-
-    Parameters
-    ----------
-    path : path-like
-        Output file (conventionally ``.h5`` or ``.nxs``).
-    result : Result
-    overwrite : bool, optional
-        Replace an existing file; the input file (``result.input_path``) is
-        never replaced. Default False.
-
-    Returns
-    -------
-    pathlib.Path
-
-    Raises
-    ------
-    InputError
-        The target exists (without ``overwrite``), is the input, or cannot be
-        written; a dict is not JSON-able. Nothing is left behind on failure.
-    """
+    """The file-format half of :func:`ctuq.data.io.results.write_result` (which checks
+    the result's type and documents the parameters): write ``result`` to ``path``
+    as a NeXus NXtomoproc HDF5 file, atomically."""
     # Everything that can fail on content is converted before the file exists.
     texts = {
         "config": dumps(result.config, field="config", file=path),
