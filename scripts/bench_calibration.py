@@ -64,7 +64,7 @@ import logging
 import sys
 
 from ctuq.bench import calibration as cal
-from ctuq.bench.cases import calibration_cases, case_spec
+from ctuq.bench.cases import calibration_cases, case_spec, realistic_cases
 from ctuq.bench.runner import dump_json, read_case_file, read_cases
 
 
@@ -78,7 +78,16 @@ def main(argv=None):
     ap.add_argument("--mc-samples", type=int, default=128)
     ap.add_argument("--no-mc-dropout", action="store_true")
     ap.add_argument("--conditions", default=None,
-                    help="a subset of the size's conditions, e.g. 30:0.01,60:0.05")
+                    help="a subset of the size's conditions, e.g. 30:0.01,60:0.05 "
+                         "(with --realistic: angles:I0, e.g. 60:1e4)")
+    ap.add_argument("--realistic", action="store_true",
+                    help="the realistic condition instead (ctuq.bench.cases.realistic_cases: "
+                         "off-grid, Poisson counts with flats/darks, noise level unknown, "
+                         "hidden centre offset within 0.5 px)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="also reconstruct with these settings, scored as <method>_<NAME>: "
+                         "NAME:key=value[,key=value] (e.g. gaussian:noise_model=gaussian; "
+                         "dotted keys for tables: dip.iterations=500)")
     ap.add_argument("--ivon", action="store_true",
                     help="also IVON from the same Adam fit (methods ivon, ivon_heldout); "
                          "cases of --partial scored without it get it (fits redone)")
@@ -124,11 +133,13 @@ def main(argv=None):
                   (c.split(":") for c in args.conditions.split(","))] \
         if args.conditions else None
     run = cal.CalibrationRun(
+        variants=tuple(cal.parse_variant(v) for v in args.variant),
         threads=args.threads, quick=args.quick, quick_iterations=args.quick_iterations,
         predcp_variants={"both": (False, True), "off": (False,), "on": (True,)}[args.predcp],
         calibration=args.calibration, arrays=args.arrays, ivon=args.ivon,
         mc_dropout=not args.no_mc_dropout, mc_samples=args.mc_samples)
-    planned = calibration_cases(args.split, sizes, args.per_family, conditions)
+    planned = (realistic_cases if args.realistic else calibration_cases)(
+        args.split, sizes, args.per_family, conditions)
     cases = planned
     if args.quick:
         cases = [c for c in cases if c["family"] in ("ellipses", "digits")][:2]
@@ -140,7 +151,7 @@ def main(argv=None):
     if args.cases_from:  # the cases of an earlier run, whichever plans made them
         cases = [case_spec(r) for r in read_case_file(args.cases_from)
                  if r["size"] in sizes and (not conditions or (
-                     r["n_angles"], r["noise"]) in conditions)]
+                     r["n_angles"], r.get("I0") or r["noise"]) in conditions)]
     if args.limit is not None:  # in the list's order, sizes as given
         order = {s: k for k, s in enumerate(sizes)}
         cases = sorted(cases, key=lambda c: order[c["size"]])[:args.limit]

@@ -149,3 +149,42 @@ def test_total_variance_is_the_model_error_terms_rule():
     assert torch.equal(bench_calibration.total_variance("none", x_hat, var_post, co), var_post)
     with pytest.raises(ValueError):
         bench_calibration.total_variance("no-such-term", x_hat, var_post, co)
+
+
+def test_realistic_cases_hide_the_noise_level_and_the_centre_and_never_share_an_image():
+    """The realistic condition: no noise level and the nominal geometry go to ctuq, the
+    truth only to the scores; its images are not those of the Gaussian conditions."""
+    from ctuq.bench.cases import (REALISTIC_CONDITIONS, realistic_cases, simulate,
+                                  sinogram)
+    from ctuq.data.splits import FAMILIES
+
+    cs = realistic_cases("test", [64], 2)
+    assert len({c["id"] for c in cs}) == len(cs) == 2 * len(FAMILIES["test"]) * len(
+        REALISTIC_CONDITIONS[64])
+    gaussian = {(c["family"], c["index"]) for c in calibration_cases("test", [64, 128], 10)}
+    assert not gaussian & {(c["family"], c["index"]) for c in cs}
+    assert [case_spec(c) for c in cs] == cs  # I0 survives a round trip through a row
+    case = realistic_cases("validation", [28], 1)[0]
+    scan = simulate(case)
+    sino = sinogram(scan, with_truth=False)
+    assert "noise_std" not in sino.meta and sino.ground_truth is None
+    assert sino.geometry.center_offset == 0.0 and scan.hidden["center_offset"] != 0.0
+    assert 0.0 < abs(scan.hidden["center_offset"]) <= 0.5
+    # the benchmark's baselines get the noise level a user would have: the estimate
+    assert scan.sigma > 0 and scan.sigma != scan.hidden.get("noise_std_rms")
+
+
+def test_variant_settings_reach_the_reconstruction_config():
+    run = bench_calibration.CalibrationRun(quick=True, quick_iterations=7)
+    case = calibration_cases("validation", [28], 1)[0]
+    cfg = bench_calibration.reconstruction_config(
+        case, run, {"dip": {"tv_weight_factor": 3.0}, "uncertainty": {"em_steps": 1},
+                    "noise_std": 0.2}, predcp=False)
+    dip, unc = cfg.resolve((28, 28))
+    assert (dip.iterations, dip.tv_weight_factor, unc.em_steps) == (7, 3.0, 1)
+    assert cfg.noise_std == 0.2 and cfg.seed == case["index"]
+    name, settings = bench_calibration.parse_variant(
+        "plain:noise_model=gaussian,dip.iterations=500,uncertainty.predcp=true")
+    assert name == "_plain"
+    assert settings == {"noise_model": "gaussian", "dip": {"iterations": 500},
+                        "uncertainty": {"predcp": True}}

@@ -50,7 +50,7 @@ from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT
 log = logging.getLogger("ctuq.bench.calibration")
 
 __all__ = ["CalibrationRun", "LABELS", "reconstruction_config", "result_methods",
-           "total_variance", "run_case", "add_ivon", "rescore", "summarize", "default_method",
+           "total_variance", "run_case", "parse_variant", "add_ivon", "rescore", "summarize", "default_method",
            "carry_methods", "carried_note", "read_case_file", "case_spec", "CASE_FIELDS"]
 
 LABELS = {"fbp": "FBP, residual variance", "mc_dropout": "MC-dropout DIP",
@@ -91,6 +91,12 @@ class CalibrationRun:
     uncertainty : dict, optional
         Further ``[uncertainty]`` settings of every reconstruction (e.g.
         fewer samples in a test). Default None.
+    variants : tuple of (str, dict)
+        Further reconstructions of each scan, ``(suffix, settings)``: the
+        settings (a :class:`~ctuq.ReconstructionConfig` dict, e.g.
+        ``{"noise_model": "gaussian"}``) change the default reconstruction,
+        and its methods are scored as ``posterior<suffix>``,
+        ``heldout<suffix>``... (without TV-PredCP). Default none.
     """
 
     threads: int = 1
@@ -103,22 +109,28 @@ class CalibrationRun:
     mc_dropout: bool = True
     mc_samples: int = 128
     uncertainty: dict | None = None
+    variants: tuple = ()
 
 
-def reconstruction_config(case: dict, run: CalibrationRun, **uncertainty):
+def reconstruction_config(case: dict, run: CalibrationRun, settings: dict | None = None,
+                          **uncertainty):
     """The :class:`~ctuq.ReconstructionConfig` of a case: defaults, seed = the image index.
 
-    ``uncertainty`` overrides (e.g. ``predcp=True``, ``method='ivon'``); the
-    model error is named (``'heldout'``, today's default) so that the
+    ``uncertainty`` overrides (e.g. ``predcp=True``, ``method='ivon'``),
+    ``settings`` further top-level settings (a variant's); the model error is named (``'heldout'``, today's default) so that the
     methods derived from the result keep their meaning if the default changes.
     """
     from ctuq.recon.config import ReconstructionConfig
 
     unc = {"model_error": HELDOUT, **({"em_steps": 2} if run.quick else {}),
            **(run.uncertainty or {}), **uncertainty}
-    return ReconstructionConfig(seed=case["index"], device="cpu", threads=run.threads,
-                                dip={"iterations": run.quick_iterations} if run.quick else {},
-                                uncertainty=unc)
+    settings = dict(settings or {})
+    dip = {**({"iterations": run.quick_iterations} if run.quick else {}),
+           **settings.pop("dip", {})}
+    unc.update(settings.pop("uncertainty", {}))
+    return ReconstructionConfig.from_dict({"seed": case["index"], "device": "cpu",
+                                           "threads": run.threads, "dip": dip,
+                                           "uncertainty": unc, **settings})
 
 
 def total_variance(method: str, x_hat, var_post, coefficients) -> torch.Tensor:
@@ -249,10 +261,14 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
 
     calibration = _calibration(run, preset)
     arrays, heldout_fits = {"truth": truth}, {}
-    for predcp in run.predcp_variants:
-        suffix = "_predcp" if predcp else ""
-        config = reconstruction_config(case, run, predcp=predcp)
+    variants = [("_predcp" if p else "", None, {"predcp": p}) for p in run.predcp_variants]
+    variants += [(suffix, settings, {"predcp": False}) for suffix, settings in run.variants]
+    for suffix, settings, unc in variants:
+        config = reconstruction_config(case, run, settings, **unc)
         result = ctuq.reconstruct(sino, config)
+        if scan.hidden is not None:
+            out.setdefault("realistic", {})[suffix or "default"] = _realistic_record(
+                scan, result)
         r = result_methods(result, truth, calibration, suffix)
         for key in ("methods", "coefficients", "times_s"):
             out[key].update(r[key])
@@ -281,6 +297,50 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
         times["mc_dropout"] = mc.wall_time
         m["mc_dropout"] = score(truth, mc.mean, mc.std)
     return clean(out)
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """A ``--variant`` of the script: ``NAME:key=value,...`` → ``("_NAME", settings)``.
+
+    Values are read as TOML scalars (``1e4``, ``true``, ``"x"``; a bare word
+    stays a string); dotted keys name tables (``dip.iterations=500``).
+    """
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    name, _, pairs = text.partition(":")
+    settings: dict = {}
+    for pair in filter(None, pairs.split(",")):
+        key, _, value = pair.partition("=")
+        *tables, leaf = key.strip().split(".")
+        node = settings
+        for t in tables:
+            node = node.setdefault(t, {})
+        try:
+            node[leaf] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            node[leaf] = value.strip()
+    return "_" + name.strip(), settings
+
+
+def _realistic_record(scan, result) -> dict:
+    """What a realistic case hid and what ctuq made of it: the noise level it used
+    against the scan's true per-ray std, the consistency verdict, and the centre
+    that ``center_offset = 'auto'`` would estimate against the hidden one."""
+    from ctuq.recon.consistency import auto_center
+
+    _, center, _ = auto_center(scan.sinogram)
+    diag = result.diagnostics or {}
+    true_offset = float(scan.hidden.get("center_offset", 0.0))
+    return {"noise_std_used": float(result.config["noise_std"]),
+            "noise_std_known": bool(result.config.get("noise_std_known", False)),
+            "noise_std_rms_true": scan.hidden.get("noise_std_rms"),
+            "center_offset_true": true_offset, "center_offset_auto": center["estimate"],
+            "center_auto_error": (None if center["estimate"] is None
+                                  else abs(center["estimate"] - true_offset)),
+            "chi2_dof": diag.get("chi2_dof"), "verdict": diag.get("verdict")}
 
 
 def _heldout_likelihood(scan, config, result, fits: dict):
@@ -376,6 +436,9 @@ def _summary(rows: list[dict], method: str) -> dict:
     for k in ("coverage_2", "coverage_2_edges", "pixel_log_likelihood", "spearman"):
         vals = [x[k] for x in ms if x.get(k) is not None]
         out[f"worst_{k}"] = float(np.min(vals)) if vals else None
+    # sharpness beside coverage: a wider interval must not pass for a better one
+    ratios = [x["mean_std"] / x["rmse"] for x in ms if x.get("rmse")]
+    out["std_over_rmse"] = float(np.mean(ratios)) if ratios else None
     out["reliability"] = np.mean([x["reliability"] for x in ms], 0).tolist()
     times = [r["times_s"].get(method) for r in rows if r["times_s"].get(method) is not None]
     out["time_s"] = float(np.mean(times)) if times else None
@@ -408,7 +471,23 @@ def summarize(results: list[dict], default: str) -> dict:
                 "coverage_2_worst_image_at_least_85": d["worst_coverage_2"] >= 0.85,
                 "coverage_2_edges_at_least_85": d["coverage_2_edges"] >= 0.85,
                 "ll_above_fbp": d["pixel_log_likelihood"] > fbp["pixel_log_likelihood"],
-                "spearman_at_least_0.5": d["spearman"] >= 0.5}
+                "spearman_at_least_0.5": d["spearman"] >= 0.5,
+                "coverage_1_in_60_80": 0.60 <= d["coverage_1"] <= 0.80,
+                "std_over_rmse_at_most_1.3": (d.get("std_over_rmse") or np.inf) <= 1.3}
+            real = [r["realistic"] for r in rows if "realistic" in r]
+            if real:
+                errs = [v["center_auto_error"] for rec in real for v in rec.values()
+                        if v.get("center_auto_error") is not None]
+                block["realistic"] = {
+                    "images": len(real),
+                    "center_auto_error_max": float(max(errs)) if errs else None,
+                    "center_auto_error_mean": float(np.mean(errs)) if errs else None,
+                    "center_auto_undetermined": sum(v.get("center_offset_auto") is None
+                                                    for rec in real for v in rec.values()),
+                    "misfit_flags": sum(v.get("verdict") == "misfit"
+                                        for rec in real for v in rec.values())}
+                if errs:
+                    block["targets"]["center_auto_within_0.5px"] = max(errs) <= 0.5
         out[str(size)] = block
     return out
 

@@ -7,22 +7,36 @@ relative Gaussian ``noise``). :func:`simulate` makes its scan with
 :func:`ctuq.data.simulate.simulate_sinogram` and the case's own noise seed;
 :func:`sinogram` wraps it as the :class:`ctuq.data.io.Sinogram` that
 ``ctuq.reconstruct`` takes (noise std known, truth attached).
+
+A *realistic* case (an ``I0`` key, :func:`realistic_cases`) is simulated
+without the inverse crime instead (:func:`ctuq.data.realistic.realistic_case`:
+the phantom rendered 4× finer and projected by another projector, Poisson
+counts with flat and dark frames, a hidden centre offset within ±0.5 px);
+its sinogram carries no noise level and the nominal geometry only, as a
+user's scan would.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-__all__ = ["CONDITIONS", "case_id", "calibration_cases", "fit_cases", "case_spec", "Scan",
+__all__ = ["CONDITIONS", "REALISTIC_CONDITIONS", "realistic_cases", "case_id", "calibration_cases", "fit_cases", "case_spec", "Scan",
            "simulate", "sinogram", "CASE_FIELDS"]
 
 #: The calibration benchmark's conditions per image size: (angles, relative noise).
 CONDITIONS = {64: [(30, 0.01), (30, 0.05), (60, 0.01), (60, 0.05)],
               128: [(60, 0.01), (60, 0.05)], 28: [(20, 0.05)]}
 
-#: The planning fields of a case (what the case lists make).
+#: The realistic condition per image size: (angles, open-beam counts I0 per detector pixel).
+REALISTIC_CONDITIONS = {64: [(60, 1e3), (60, 1e4), (60, 1e5)],
+                        128: [(60, 1e3), (60, 1e4), (60, 1e5)],
+                        32: [(30, 1e4)], 28: [(20, 1e4)]}
+
+#: The planning fields of a case (what the case lists make); a realistic case adds ``I0``.
 CASE_FIELDS = ("id", "split", "family", "index", "size", "n_angles", "noise", "condition")
 
 
@@ -36,6 +50,37 @@ def _case(split, family, index, size, n_angles, noise) -> dict:
     return {"id": case_id(split, family, index, size, n_angles, noise), "split": split,
             "family": family, "index": index, "size": size, "n_angles": n_angles,
             "noise": noise, "condition": f"{n_angles} angles, {noise:.0%} noise"}
+
+
+def _realistic_case(split, family, index, size, n_angles, I0) -> dict:
+    i0 = f"{I0:.0e}".replace("e+0", "e")  # 1e4
+    return {"id": f"{split}/{family}/{index}/{size}/{n_angles}/I{i0}", "split": split,
+            "family": family, "index": index, "size": size, "n_angles": n_angles,
+            "noise": None, "I0": float(I0), "condition": f"realistic, {n_angles} angles, I0 {i0}"}
+
+
+def realistic_cases(split: str, sizes, per_family: int, conditions=None) -> list[dict]:
+    """The realistic condition's cases (:data:`REALISTIC_CONDITIONS`), largest images first.
+
+    As :func:`calibration_cases`: ``per_family`` images of every family per
+    ``(n_angles, I0)`` condition (or the subset ``conditions``), each
+    condition with its own images. The image indices start at 50, past those
+    of the Gaussian-noise conditions, so that the two conditions never share
+    an image.
+    """
+    from ctuq.data.splits import FAMILIES
+
+    out = []
+    for size in sizes:
+        conds = list(enumerate(REALISTIC_CONDITIONS[size]))
+        if conditions:
+            conds = [(j, c) for j, c in conds if c in conditions]
+        for i in range(per_family):
+            for j, (n_angles, I0) in conds:
+                for family in FAMILIES[split]:
+                    out.append(_realistic_case(split, family, 50 + j * per_family + i, size,
+                                               n_angles, I0))
+    return sorted(out, key=lambda c: -c["size"])
 
 
 def calibration_cases(split: str, sizes, per_family: int, conditions=None) -> list[dict]:
@@ -75,8 +120,8 @@ def fit_cases(sizes, per_family: int, n_angles: int, noise: float,
 
 
 def case_spec(row: dict) -> dict:
-    """The planning fields of a result row (:data:`CASE_FIELDS`)."""
-    return {k: row[k] for k in CASE_FIELDS}
+    """The planning fields of a result row (:data:`CASE_FIELDS`, and ``I0`` if it has one)."""
+    return {k: row[k] for k in CASE_FIELDS + (("I0",) if "I0" in row else ())}
 
 
 @dataclass
@@ -91,8 +136,14 @@ class Scan:
         Parallel beam, ``n_angles`` over 180°, the size's detector.
     y : Tensor, shape (n_angles, n_detector), float32
     sigma : float
-        The noise std (known to every method).
+        The noise std (known to every method); for a realistic case the
+        estimate from the data (:func:`ctuq.recon.baselines.estimate_noise_std`),
+        the noise level being unknown.
     noise_seed : int
+    sinogram : Sinogram, optional
+        A realistic case's scan as ctuq reads it (no noise level, nominal geometry).
+    hidden : dict, optional
+        What a realistic case's reconstruction is not told (centre offset, I0...).
     """
 
     case: object
@@ -101,6 +152,8 @@ class Scan:
     y: object
     sigma: float
     noise_seed: int
+    sinogram: object = None
+    hidden: dict | None = None
 
     @property
     def geometry(self):
@@ -125,6 +178,8 @@ def simulate(case: dict, offset: int | None = None) -> Scan:
     from ctuq.data.splits import Case
 
     c = Case(case["split"], case["family"], case["index"], case["size"])
+    if case.get("I0") is not None:
+        return _simulate_realistic(case, c)
     truth = c.image()
     op = RayTransform(Geometry.parallel(c.size, case["n_angles"]))
     if offset is None:
@@ -135,6 +190,19 @@ def simulate(case: dict, offset: int | None = None) -> Scan:
     return Scan(c, truth, op, y, sigma, seed)
 
 
+def _simulate_realistic(case: dict, c) -> Scan:
+    from ctuq.data.operators import RayTransform
+    from ctuq.data.realistic import realistic_case
+    from ctuq.recon.baselines import estimate_noise_std
+
+    sino, truth, hidden = realistic_case(c.split, c.family, c.index, c.size, case["n_angles"],
+                                         I0=case["I0"])
+    op = RayTransform(sino.geometry)
+    y = torch.as_tensor(np.asarray(sino.data), dtype=torch.float32)
+    return Scan(c, np.asarray(truth, np.float32), op, y, float(estimate_noise_std(y)),
+                int(hidden.get("noise_seed", c.noise_seed(0))), sinogram=sino, hidden=hidden)
+
+
 def sinogram(scan: Scan, with_truth: bool = True):
     """The scan as a :class:`ctuq.data.io.Sinogram`, its noise std known.
 
@@ -143,6 +211,9 @@ def sinogram(scan: Scan, with_truth: bool = True):
     """
     from ctuq.data.io import Sinogram
 
+    if scan.sinogram is not None:  # realistic: as read, without its truth unless asked
+        return dataclasses.replace(scan.sinogram, meta=dict(scan.sinogram.meta),
+                                   ground_truth=scan.truth if with_truth else None)
     return Sinogram(scan.y.detach().cpu().numpy(), scan.geometry,
                     meta={"noise_std": scan.sigma},
                     ground_truth=scan.truth if with_truth else None)

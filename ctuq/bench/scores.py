@@ -48,7 +48,7 @@ def score(truth, mean, std) -> dict:
     Returns
     -------
     dict
-        ``psnr``, ``ssim``, ``pixel_log_likelihood`` (mean of ``log N(truth;
+        ``psnr``, ``ssim``, ``rmse``, ``pixel_log_likelihood`` (mean of ``log N(truth;
         mean, std²)``, nats per pixel), ``spearman`` (std vs |error|),
         ``mean_std``, ``edge_fraction`` (pixels within one pixel of an edge
         of the truth, :func:`ctuq.recon.model_error.edge_mask`),
@@ -66,6 +66,7 @@ def score(truth, mean, std) -> dict:
     var = np.maximum(s, _TINY) ** 2
     ll = -0.5 * ((t - m) ** 2 / var + np.log(var) + math.log(2 * math.pi))
     out = {"psnr": predictive.psnr(t, m), "ssim": predictive.ssim(t, m),
+           "rmse": float(np.sqrt(((t - m) ** 2).mean())),
            "pixel_log_likelihood": float(ll.mean()),
            "spearman": predictive.spearman_std_error(s, t - m), "mean_std": float(s.mean()),
            "edge_fraction": float(edges.mean())}
