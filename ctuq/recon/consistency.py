@@ -193,5 +193,6 @@ def auto_center(sinogram):
     record = {"requested": "auto", "estimate": est, "confidence": conf, "method": method,
               "used": float(used)}
     geometry = replace(g, center_offset=float(used))
-    return (Sinogram(sinogram.data, geometry, dict(sinogram.meta), sinogram.ground_truth),
+    return (Sinogram(sinogram.data, geometry, dict(sinogram.meta), sinogram.ground_truth,
+                     variance=sinogram.variance),
             record, note)
