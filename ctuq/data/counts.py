@@ -151,7 +151,8 @@ def counts_to_line_integrals(counts, flats, darks=None, *, gain: float = 1.0,
     signal = np.maximum(signal, min_counts)
     open_beam = np.maximum(open_beam, min_counts)
     raw = np.maximum(counts, signal)   # Var I = E I: at least the dark-corrected count
-    y = np.log(open_beam) - np.log(signal)
+    # −log of the ratio (not a difference of logs): bit for bit the readers' former formula
+    y = -np.log(signal / open_beam)
     var = raw / signal**2 + np.maximum(flat, open_beam) / (n_flats * open_beam**2)
     if n_darks:
         var = var + dark / n_darks * (1.0 / signal - 1.0 / open_beam) ** 2

@@ -244,6 +244,9 @@ def photon_counts(line_integrals, I0: float, *, n_flats: int = 20, n_darks: int 
 def line_integrals_from_counts(projections, flats, darks) -> np.ndarray:
     """Beer–Lambert: ``-log((I - D̄) / (F̄ - D̄))`` with the mean flat ``F̄`` and dark ``D̄``.
 
+    :func:`ctuq.data.counts.counts_to_line_integrals` (the one
+    implementation), without its clipping: a ray it would clip is NaN here.
+
     Parameters
     ----------
     projections : array_like, shape (..., n_detector)
@@ -254,11 +257,27 @@ def line_integrals_from_counts(projections, flats, darks) -> np.ndarray:
     ndarray of float64, shape of ``projections``
         NaN where ``I - D̄ <= 0`` or ``F̄ - D̄ <= 0``.
     """
-    d = np.asarray(darks, dtype=np.float64).mean(axis=0)
-    f = np.asarray(flats, dtype=np.float64).mean(axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        num, den = np.asarray(projections, dtype=np.float64) - d, f - d
-        return np.where((num > 0) & (den > 0), -np.log(num / den), np.nan)
+    return _counts_to_line_integrals(projections, flats, darks)[0]
+
+
+def _counts_to_line_integrals(projections, flats, darks) -> tuple[np.ndarray, np.ndarray]:
+    """Line integrals and their delta-method variance, NaN where ``I - D̄ <= 0``
+    or ``F̄ - D̄ <= 0`` (:func:`ctuq.data.counts.counts_to_line_integrals`)."""
+    import warnings
+
+    from ctuq.data.counts import counts_to_line_integrals
+
+    proj = np.asarray(projections, dtype=np.float64)
+    flats, darks = np.asarray(flats, dtype=np.float64), np.asarray(darks, dtype=np.float64)
+    d, f = darks.mean(axis=0), flats.mean(axis=0)
+    bad = ((proj - d) <= 0) | ((f - d) <= 0)
+    lone = proj.ndim == 1   # one projection row: the function wants (..., angles, detector)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the clipped rays are NaN below
+        out = counts_to_line_integrals(proj[None] if lone else proj, flats, darks,
+                                       min_counts=float(np.finfo(np.float64).tiny))
+    y, var = (out.y[0], out.variance[0]) if lone else (out.y, out.variance)
+    return np.where(bad, np.nan, y), np.where(bad, np.nan, var)
 
 
 def line_integral_variance(line_integrals, I0: float, *, n_flats: int = 20, n_darks: int = 10,
@@ -335,7 +354,8 @@ class RealisticScan:
     def sinogram(self):
         """The scan as ctuq reads it back from the file :meth:`write` makes.
 
-        Line integrals from the counts, the nominal geometry (no centre
+        Line integrals from the counts with their delta-method variance
+        (as the NXtomo reader derives them), the nominal geometry (no centre
         offset), ``meta`` without any noise level, the truth as ground truth.
 
         Returns
@@ -346,7 +366,9 @@ class RealisticScan:
 
         meta = {**self.meta, "flat_dark_corrected": True, "n_flats": int(len(self.flats)),
                 "n_darks": int(len(self.darks))}
-        return Sinogram(self.line_integrals.astype(np.float32), self.geometry, meta, self.truth)
+        y, variance = _counts_to_line_integrals(self.projections, self.flats, self.darks)
+        return Sinogram(y.astype(np.float32), self.geometry, meta, self.truth,
+                        variance=variance.astype(np.float32))
 
     def write(self, path, *, overwrite: bool = False) -> Path:
         """Write an NXtomo file: the frames (``image_key`` 0/1/2), the nominal

@@ -12,6 +12,9 @@ TOML layout (every key optional)::
     seed = 0
     backend = "auto"         # ray transform: auto | matrix | astra
     noise_std = 0.12         # known noise std (else: file metadata, else estimated)
+    noise_model = "gaussian" # gaussian (one σ for every ray) | counts (per-ray variance of
+                             # raw counts data) | auto (counts when the data carry it)
+    counts_scale = "known"   # counts: σ² from the counts (known) or learned by the EM
     threads = 1              # torch CPU threads (default: the cores no other process is busy on; Dask workers: 1)
 
     [dip]                    # any DIPConfig field
@@ -61,6 +64,7 @@ from ctuq.recon.dip import DIPConfig, check_device
 from ctuq.recon.methods.laplace import LaplaceMethod, LaplaceSettings
 from ctuq.recon.model_error.terms import MODEL_ERROR_TERMS, HeldoutTerm
 from ctuq.recon.presets import UNCERTAINTY_DEFAULTS
+from ctuq.recon.problem import NOISE_MODELS
 
 try:  # Python 3.11+
     import tomllib
@@ -388,6 +392,19 @@ class ReconstructionConfig:
     noise_std : float or None
         Known noise std of the sinogram. Default None (from the file's
         metadata, else estimated from the data).
+    noise_model : {'gaussian', 'counts', 'auto'}
+        ``'gaussian'`` (default): every ray has the noise variance ``σ²``.
+        ``'counts'``: ray ``i`` has ``σ² v_i`` with ``v`` (mean 1) and ``σ²``
+        from the delta-method variances of line integrals derived from photon
+        counts (raw NXtomo/DXchange data with flat frames,
+        :attr:`ctuq.data.io.Sinogram.variance`; an error for other data).
+        ``'auto'``: ``'counts'`` when the data carry those variances, else
+        ``'gaussian'``. See docs/method.md.
+    counts_scale : {'known', 'learned'}
+        With the count noise model: ``σ²`` (the mean delta-method variance)
+        is known (the counts are photons), or only its shape ``v`` is and the
+        Laplace EM learns ``σ²`` (an unknown detector gain scales every
+        variance). Default ``'known'``.
     dip : dict
         Overrides of :class:`~ctuq.recon.dip.DIPConfig` fields.
     uncertainty : dict
@@ -404,6 +421,11 @@ class ReconstructionConfig:
                            doc="Ray-transform backend.")
     noise_std: float | None = setting(None, kind=float, greater_than=0, maximum=1e30,
                                       doc="Known noise std of the sinogram.")
+    noise_model: str = setting("gaussian", kind=str, choices=NOISE_MODELS,
+                               doc="gaussian (one sigma), counts (per-ray variance of raw "
+                                   "counts) or auto.")
+    counts_scale: str = setting("known", kind=str, choices=("known", "learned"),
+                                doc="Count noise: sigma^2 known from the counts, or learned.")
     threads: int | None = setting(None, kind=int, minimum=1, maximum=4096,
                                   doc="torch CPU threads (default: the free cores; a Dask worker "
                                       "gets 1). Equal counts give bit-identical results.")
@@ -490,7 +512,9 @@ class ReconstructionConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"preset": self.preset, "device": self.device, "seed": self.seed,
-                "backend": self.backend, "noise_std": self.noise_std, "threads": self.threads,
+                "backend": self.backend, "noise_std": self.noise_std,
+                "noise_model": self.noise_model, "counts_scale": self.counts_scale,
+                "threads": self.threads,
                 "dip": dict(self.dip), "uncertainty": dict(self.uncertainty),
                 "geometry": dict(self.geometry), "read": dict(self.read)}
 

@@ -1,8 +1,9 @@
 """The pipeline's data-consistency stage and the checks of the data before a fit.
 
 :func:`check_consistency` runs after the uncertainty stage: the whitened
-residual ``r = (y − A x̂) / σ`` of the reconstruction shown (``x̂``) at the
-noise level the method ended with (``σ² = outcome.noise_var``), its χ² per
+residual ``r = (y − A x̂) / (σ √v)`` of the reconstruction shown (``x̂``) at the
+noise level the method ended with (``σ² = outcome.noise_var``; ``v`` the
+per-ray relative variance of the count noise model, 1 otherwise), its χ² per
 degree of freedom overall and per angle, and the verdict of
 :func:`ctuq.recon.diagnostics.data_consistency` (``dof = m − γ̂`` where the
 method reports an effective number of parameters ``γ̂``, e.g. the Laplace
@@ -53,8 +54,8 @@ def effective_parameters(hyperparameters: dict, n_rays: int) -> float | None:
 
 
 def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_var: float,
-                      hyperparameters: dict, *, threshold: float = MISFIT_THRESHOLD
-                      ) -> tuple[dict, np.ndarray]:
+                      hyperparameters: dict, *, threshold: float = MISFIT_THRESHOLD,
+                      ray_variance=None) -> tuple[dict, np.ndarray]:
     """The consistency record of one slice and its whitened residual.
 
     Parameters
@@ -70,6 +71,10 @@ def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_v
         The method's; ``gamma_total`` (when present) is ``γ̂``.
     threshold : float
         χ²/dof of a misfit. Default :data:`~ctuq.recon.diagnostics.MISFIT_THRESHOLD`.
+    ray_variance : Tensor or ndarray, optional
+        ``v``, the per-ray relative noise variance (the data's shape) of the
+        count noise model: ray ``i`` has the variance ``σ² v_i``. Default
+        None (``v ≡ 1``).
 
     Returns
     -------
@@ -78,12 +83,16 @@ def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_v
         None), ``chi2_per_angle`` (list, one per angle row), ``worst_angles``,
         ``verdict`` (``'ok'``/``'misfit'``), ``reason``, ``threshold``.
     residual : ndarray, float32, shape (n_angles, n_detector)
-        The whitened residual ``(y − A x̂) / σ``.
+        The whitened residual ``(y − A x̂) / (σ √v)``.
     """
     with torch.no_grad():
         fwd = op.A(reconstruction.detach().to(y.device, torch.float32))
     y64 = y.detach().cpu().double().numpy()
     f64 = fwd.detach().cpu().double().numpy()
+    if ray_variance is not None:  # whiten by √v: the χ² of the noise σ² v
+        w = 1.0 / np.sqrt(torch.as_tensor(ray_variance).detach().cpu().double().numpy()
+                          .reshape(y64.shape))
+        y64, f64 = y64 * w, f64 * w
     gamma = effective_parameters(hyperparameters, y64.size)
     m = data_consistency(y64, f64, float(noise_var), effective_parameters=gamma,
                          threshold=threshold)
@@ -193,5 +202,6 @@ def auto_center(sinogram):
     record = {"requested": "auto", "estimate": est, "confidence": conf, "method": method,
               "used": float(used)}
     geometry = replace(g, center_offset=float(used))
-    return (Sinogram(sinogram.data, geometry, dict(sinogram.meta), sinogram.ground_truth),
+    return (Sinogram(sinogram.data, geometry, dict(sinogram.meta), sinogram.ground_truth,
+                     variance=sinogram.variance),
             record, note)

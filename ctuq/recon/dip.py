@@ -61,6 +61,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: The data terms of :func:`dip_tv_loss` (``dip.loss``).
+DIP_LOSSES = ("gaussian", "poisson")
+
 WEIGHTS_FORMAT = "ctuq-unet-weights"
 
 def check_device(value: str) -> str:
@@ -145,6 +148,13 @@ class DIPConfig:
         (architecture must match). Default None (random initialisation).
     dropout : float
         Dropout2d probability after every 3×3 conv (MC dropout). Default 0.
+    loss : {'gaussian', 'poisson'}
+        The data term (:func:`dip_tv_loss`). ``'gaussian'`` (default): the
+        (weighted) sum of squares ``Σ (A x − y)² / v`` (``v ≡ 1`` without a
+        per-ray variance). ``'poisson'``: the Poisson deviance of the counts
+        in its line-integral form ``Σ 2 (e^r − 1 − r) / v``, ``r = y − A x``
+        (count data only: it needs the per-ray variance ``v`` of the count
+        noise model).
     """
 
     preset: str = setting("reference-28", kind=str, doc="U-net preset name.")
@@ -177,6 +187,9 @@ class DIPConfig:
     init_weights: str | None = setting(None, kind=str, doc="Warm-start weights file.")
     dropout: float = setting(0.0, kind=float, minimum=0, maximum=0.999,
                              doc="Dropout probability (MC dropout).")
+    loss: str = setting("gaussian", kind=str, choices=DIP_LOSSES,
+                        doc="Data term: gaussian (weighted least squares) or poisson "
+                            "(count data).")
 
     def __post_init__(self):
         if isinstance(self.unet, dict):
@@ -401,8 +414,26 @@ def make_net_input(y: Tensor, op, config: DIPConfig, device) -> Tensor:
 # the fit
 
 
-def dip_tv_loss(image: Tensor, y: Tensor, op, tv_weight: float) -> tuple[Tensor, Tensor, Tensor]:
-    """The DIP+TV objective ``‖A x − y‖² + γ · TV(x)`` and its two terms.
+def dip_tv_loss(image: Tensor, y: Tensor, op, tv_weight: float, *,
+                ray_variance: Tensor | None = None,
+                loss: str = "gaussian") -> tuple[Tensor, Tensor, Tensor]:
+    """The DIP+TV objective ``D(A x, y) + γ · TV(x)`` and its two terms.
+
+    The data term ``D`` (``r = y − A x``, ``v`` the per-ray relative noise
+    variance, mean 1; ``v ≡ 1`` when ``ray_variance`` is None):
+
+    - ``'gaussian'``: ``Σ r² / v``, the weighted least squares of the noise
+      ``σ² v`` (twice ``σ²`` times the negative log-likelihood, so ``γ``
+      keeps its meaning); ``‖A x − y‖²`` without ``v``, computed as before;
+    - ``'poisson'``: ``Σ 2 (e^{r} − 1 − r) / v``, the Poisson deviance of
+      the counts ``I = (F̄ − D̄) e^{−A x} + D̄`` written on the line
+      integrals (its line-integral form): with ``n_i = (F̄ − D̄) e^{−y_i}``
+      the measured dark-corrected counts, the deviance is
+      ``2 Σ n_i (e^{r_i} − 1 − r_i)``, and ``n_i ≈ 1/(σ² v_i)`` (the
+      delta-method variance is about one over the counts), times ``σ²``.
+      Its second-order expansion is the Gaussian term; it weighs large
+      residuals of the dense rays by the exact Poisson shape. ``r`` is
+      capped at 30 so that ``e^r`` stays finite in the first iterations.
 
     Parameters
     ----------
@@ -413,21 +444,31 @@ def dip_tv_loss(image: Tensor, y: Tensor, op, tv_weight: float) -> tuple[Tensor,
     op : RayTransform
     tv_weight : float
         ``γ``.
+    ray_variance : Tensor, optional
+        ``v``, broadcastable to ``y``. Default None (``v ≡ 1``).
+    loss : {'gaussian', 'poisson'}, optional
+        Default ``'gaussian'``.
 
     Returns
     -------
     loss, data_fit, tv : Tensor
-        Scalars: ``data_fit + tv_weight · tv``, the sum-of-squares data
-        term, and the anisotropic TV (:func:`total_variation`, summed over
-        leading axes).
+        Scalars: ``data_fit + tv_weight · tv``, the data term, and the
+        anisotropic TV (:func:`total_variation`, summed over leading axes).
     """
-    data_fit = (op(image) - y).square().sum()
+    if loss == "poisson":
+        r = (y - op(image)).clamp(max=30.0)
+        dev = 2.0 * (torch.expm1(r) - r)
+        data_fit = (dev if ray_variance is None else dev / ray_variance).sum()
+    elif ray_variance is None:
+        data_fit = (op(image) - y).square().sum()
+    else:
+        data_fit = ((op(image) - y).square() / ray_variance).sum()
     tv = total_variation(image).sum()
     return data_fit + tv_weight * tv, data_fit, tv
 
 
 def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None = None,
-            progress: Callable | None = None,
+            ray_variance=None, progress: Callable | None = None,
             cancel: Callable[[], bool] | None = None,
             stage: str = "dip", net_input: Tensor | None = None,
             monitor: Callable[[int, Tensor], None] | None = None) -> DIPResult:
@@ -444,6 +485,12 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
     noise_std : float, optional
         The noise std of ``y``, used for the default TV weight; estimated
         from ``y`` when not given (ignored when ``config.tv_weight`` is set).
+        With a per-ray variance, ``σ`` of ``σ² v``.
+    ray_variance : array_like or Tensor, optional
+        ``v``, the per-ray relative noise variance (mean 1, the sinogram's
+        shape) of the count noise model: the data term weighs ray ``i`` by
+        ``1 / v_i`` (:func:`dip_tv_loss`). Default None (every ray alike; bit
+        for bit the unweighted fit). Needed by ``config.loss = 'poisson'``.
     progress : callable, optional
         Called every ``config.progress_every`` iterations and at the end as
         ``progress(stage=, step=, total=, message=)`` or with a
@@ -479,6 +526,15 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
     device = resolve_device(config.device)
     op = op.to(device)
     y_t = _as_sinogram(y, op, device)
+    v_t = None
+    if ray_variance is not None:
+        v_t = _as_sinogram(ray_variance, op, device)
+        if not bool((v_t > 0).all()):
+            raise InputError("must be positive", field="ray_variance")
+    elif config.loss == "poisson":
+        raise InputError("the Poisson loss needs count data: line integrals derived from "
+                         "photon counts (raw data with flat frames) and noise_model = "
+                         "'counts' or 'auto'", field="dip.loss")
     n_iter = int(config.iterations)
     gamma = config.resolve_tv_weight(y_t, op, noise_std)
 
@@ -512,7 +568,8 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
                 raise Cancelled(f"DIP cancelled at iteration {i} of {n_iter}")
             optimizer.zero_grad(set_to_none=True)
             out = model(net_input)
-            loss, data_fit, tv = dip_tv_loss(out, y_t, op, gamma)
+            loss, data_fit, tv = dip_tv_loss(out, y_t, op, gamma, ray_variance=v_t,
+                                             loss=config.loss)
             loss.backward()
             lv = loss.item()
             hist[:, i] = (lv, data_fit.item(), tv.item())

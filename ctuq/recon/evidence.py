@@ -102,9 +102,17 @@ def options_summary(options: dict) -> dict:
             "predcp": dataclasses.asdict(predcp) if predcp is not None else None}
 
 
-def ct_likelihood(lin: Linearization, op, y) -> LinearGaussianLikelihood:
-    """The Gaussian likelihood of sinogram ``y`` through the ray transform ``op``."""
-    return LinearGaussianLikelihood(lin, op, y, batch_axis="projection angles")
+def ct_likelihood(lin: Linearization, op, y, ray_variance=None) -> LinearGaussianLikelihood:
+    """The Gaussian likelihood of sinogram ``y`` through the ray transform ``op``.
+
+    ``ray_variance``: ``v``, the per-ray relative noise variance (the
+    sinogram's shape, mean 1) of the count noise model: the noise is
+    ``σ² diag(v)`` and the likelihood is whitened by ``v^{-1/2}``
+    (:class:`~ctuq.posterior.likelihood.LinearGaussianLikelihood`). Default
+    None: every ray alike (the operator unwrapped, bit for bit).
+    """
+    return LinearGaussianLikelihood(lin, op, y, batch_axis="projection angles",
+                                    ray_variance=ray_variance)
 
 
 def initial_prior(likelihood: LinearGaussianLikelihood, kind: str = "gprior", *,
@@ -118,7 +126,9 @@ def initial_prior(likelihood: LinearGaussianLikelihood, kind: str = "gprior", *,
     kind : {'matern', 'ard', 'gprior'}
     init_variance : float or None
         Initial ``a_b`` (or ``g``). None: 1 for the block priors (reference);
-        for the g-prior ``mean(y²) / d_θ``, which puts the prior predictive
+        for the g-prior ``mean(ỹ²) / d_θ`` (``ỹ`` the whitened data
+        :attr:`~ctuq.posterior.likelihood.LinearGaussianLikelihood.y_white`,
+        on the scale of ``Φ``; ``y`` itself without per-ray variances), which puts the prior predictive
         of one measurement on the data's scale (from ``g = 1`` the 64² demo's
         ``K`` has eigenvalues up to 3·10⁸ against ``σ² ≈ 0.08``, and CG with
         the rank-100 preconditioner stalled); 1 without data.
@@ -129,7 +139,7 @@ def initial_prior(likelihood: LinearGaussianLikelihood, kind: str = "gprior", *,
     """
     variance = init_variance
     if variance is None:
-        y = likelihood.y
+        y = likelihood.y_white
         variance = (float(y.double().square().mean()) / likelihood.num_params
                     if prior_kind(kind).uses_likelihood and y is not None else 1.0)
     return build_prior(likelihood, kind, variance, init_lengthscale, generator=generator)
@@ -141,7 +151,7 @@ def fit_posterior(lin: Linearization, op, y, noise_var: float, *,
                   tv_weight: float | None = None, init_variance: float | None = None,
                   init_lengthscale: float = 0.1, mstep: Callable | None = None,
                   likelihood: LinearGaussianLikelihood | None = None,
-                  progress: Callable | None = None,
+                  ray_variance=None, progress: Callable | None = None,
                   cancel: Callable[[], bool] | None = None) -> FittedPosterior:
     """Fit the prior and noise hyperparameters of the linearised DIP by sample-based EM.
 
@@ -175,7 +185,10 @@ def fit_posterior(lin: Linearization, op, y, noise_var: float, *,
         The M-step (default :func:`ctuq.posterior.mstep.closed_form_mstep`).
     likelihood : LinearGaussianLikelihood, optional
         :func:`ct_likelihood` of ``lin``, ``op``, ``y`` when the caller has
-        it already (built here otherwise).
+        it already (built here otherwise, with ``ray_variance``).
+    ray_variance : Tensor, optional
+        ``v`` of :func:`ct_likelihood` (``noise_var`` is then ``σ²`` of
+        ``σ² v``). Default None.
     progress, cancel : callable, optional
         ``emit_progress(progress, "em", step, total, message)`` after every
         E-/M-step; ``cancel`` is checked between steps and inside the solves.
@@ -201,7 +214,8 @@ def fit_posterior(lin: Linearization, op, y, noise_var: float, *,
     sigma2 = float(noise_var)
     if not (math.isfinite(sigma2) and sigma2 > 0):
         raise InputError(f"must be a positive number, got {noise_var!r}", field="noise_var")
-    likelihood = likelihood if likelihood is not None else ct_likelihood(lin, op, y)
+    likelihood = likelihood if likelihood is not None else ct_likelihood(lin, op, y,
+                                                                         ray_variance)
     gen = torch.Generator().manual_seed(int(em.seed))
     if not isinstance(prior, GaussianPrior):
         prior_kind(prior)  # an unknown name fails here

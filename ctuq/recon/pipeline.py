@@ -359,7 +359,8 @@ def _fbp_stage(s: _Slice) -> None:
 def _dip_stage(s: _Slice) -> None:
     p = s.problem
     s.dip, s.timings["dip"] = s.runner.run("dip", lambda: fit_dip(
-        p.y, p.op, p.dip, noise_std=p.noise.std, progress=s.progress, cancel=s.cancel),
+        p.y, p.op, p.dip, noise_std=p.noise.std, ray_variance=p.noise.ray_variance,
+        progress=s.progress, cancel=s.cancel),
         progress=s.progress)
 
 
@@ -389,7 +390,8 @@ def _consistency_stage(s: _Slice) -> None:
     if not (var > 0 and np.isfinite(var)):  # a method without a noise level of its own
         var = p.noise.variance
     s.consistency, s.residual = check_consistency(p.y, p.op, out.reconstruction, var,
-                                                  out.hyperparameters)
+                                                  out.hyperparameters,
+                                                  ray_variance=p.noise.ray_variance)
     if s.consistency["verdict"] != "ok":
         src = p.sinogram.meta.get("source")
         log.warning("%smisfit: %s", f"{src}: " if src else "", s.consistency["reason"])
@@ -480,7 +482,8 @@ def _metrics_stage(s: _Slice) -> None:
                         + sum(timings[st] for st in s.runner.resumed))
     effective = {"preset": p.preset, "device": str(p.device), "seed": p.seed,
                  "backend": p.op.backend, "noise_std": p.noise.std,
-                 "noise_std_known": p.noise.known, "dip": s.dip.config.to_dict(),
+                 "noise_std_known": p.noise.known, **p.noise.summary(),
+                 "dip": s.dip.config.to_dict(),
                  "resumed": list(s.runner.resumed), "uncertainty": unc.effective(),
                  **out.summary, "model_error": me.coefficients.to_dict(), "timings_s": timings}
     k = min(unc.stored_samples, unc.predictive_samples)

@@ -17,34 +17,58 @@ import torch
 from ctuq.data.io import Sinogram
 from ctuq.data.operators import RayTransform
 
-__all__ = ["NoiseModel", "ReconstructionProblem"]
+__all__ = ["NOISE_MODELS", "NoiseModel", "ReconstructionProblem"]
+
+
+#: The noise models of the settings' ``noise_model`` (:meth:`NoiseModel.for_config`).
+NOISE_MODELS = ("gaussian", "counts", "auto")
 
 
 @dataclass(frozen=True)
 class NoiseModel:
-    """Gaussian noise of the measurements.
+    """Gaussian noise of the measurements: ray ``i`` has variance ``σ² v_i``.
 
     Attributes
     ----------
     std : float
         The noise std ``σ`` (1/mm, the unit of the line integrals): given in
-        the settings, the file's metadata, or estimated from the data.
+        the settings, the file's metadata, or estimated from the data; for
+        count data the root of the mean delta-method variance.
     known : bool
-        Given (settings or file) rather than estimated.
-
-    Notes
-    -----
-    :attr:`variance` is the scalar ``σ²`` of every ray; a per-ray variance
-    (a tensor of the sinogram's shape) is the planned extension, read through
-    this property.
+        ``σ`` is given (settings, file, or the counts themselves with
+        ``counts_scale = "known"``) rather than estimated or learned.
+    ray_variance : Tensor or None
+        ``v``, the per-ray relative variance (float32, the sinogram's shape,
+        mean 1), on the data's device. None: ``v ≡ 1``, the scalar model, bit
+        for bit the model of every ray alike.
+    kind : {'gaussian', 'counts'}
+        Where ``v`` came from: none (``'gaussian'``) or the delta-method
+        variances of count data (:attr:`ctuq.data.io.Sinogram.variance`).
     """
 
     std: float
     known: bool
+    ray_variance: torch.Tensor | None = None
+    kind: str = "gaussian"
 
     @property
     def variance(self) -> float:
+        """The scalar ``σ²`` (the common factor of every ray's variance)."""
         return float(self.std) ** 2
+
+    @property
+    def total_variance(self):
+        """Every ray's variance ``σ² v`` (a tensor), or the scalar ``σ²`` when ``v ≡ 1``."""
+        return self.variance if self.ray_variance is None else self.variance * self.ray_variance
+
+    def summary(self) -> dict:
+        """JSON-able: ``noise_model`` and, for counts, ``noise_scale`` (known/learned)
+        and the spread of ``v`` (a result's effective config)."""
+        if self.ray_variance is None:
+            return {"noise_model": "gaussian"}
+        v = self.ray_variance.double()
+        return {"noise_model": self.kind, "noise_scale": "known" if self.known else "learned",
+                "ray_variance_range": [float(v.min()), float(v.max())]}
 
     @classmethod
     def for_data(cls, sinogram: Sinogram, y: torch.Tensor, noise_std: float | None = None
@@ -58,6 +82,41 @@ class NoiseModel:
         if known is not None:
             return cls(float(known), True)
         return cls(float(estimate_noise_std(y)), False)
+
+    @classmethod
+    def for_config(cls, sinogram: Sinogram, y: torch.Tensor, config) -> "NoiseModel":
+        """The noise model ``config.noise_model`` asks for, for the 2-D slice ``sinogram``.
+
+        ``'gaussian'`` (and ``'auto'`` without per-ray variances):
+        :meth:`for_data`. ``'counts'`` (and ``'auto'`` with them): ``σ²`` the
+        mean of :attr:`Sinogram.variance` (the settings' ``noise_std``, when
+        given, replaces it), ``v`` the variances over that mean; ``known``
+        unless ``config.counts_scale`` is ``'learned'``.
+
+        Raises
+        ------
+        InputError
+            ``'counts'`` for data without per-ray variances (not derived from
+            counts with flat frames), naming the file and ``noise_model``.
+        """
+        from ctuq.errors import InputError
+
+        name = getattr(config, "noise_model", "gaussian")
+        var = sinogram.variance
+        if name == "gaussian" or (name == "auto" and var is None):
+            return cls.for_data(sinogram, y, config.noise_std)
+        if var is None:
+            raise InputError("the count noise model needs line integrals derived from photon "
+                             "counts with flat frames (raw NXtomo or DXchange data); these "
+                             "data carry no per-ray variance: use noise_model = 'gaussian' or "
+                             "'auto'", file=sinogram.meta.get("source"), field="noise_model")
+        var = torch.as_tensor(var, dtype=torch.float64)
+        mean = float(var.mean())
+        sigma = float(config.noise_std) if config.noise_std is not None else mean ** 0.5
+        known = config.noise_std is not None or getattr(config, "counts_scale",
+                                                        "known") == "known"
+        v = (var / mean).to(torch.float32).reshape(y.shape).to(y.device)
+        return cls(sigma, known, v, "counts")
 
 
 @dataclass
@@ -125,6 +184,6 @@ class ReconstructionProblem:
         op = RayTransform(geometry, backend=config.backend, device=device)
         y = torch.as_tensor(sinogram.data, dtype=torch.float32, device=device)
         return cls(sinogram=sinogram, op=op, y=y,
-                   noise=NoiseModel.for_data(sinogram, y, config.noise_std),
+                   noise=NoiseModel.for_config(sinogram, y, config),
                    preset=config.preset_for(geometry.image_shape), config=config,
                    dip=method.adapt_dip(dip_cfg), uncertainty=unc, device=device)

@@ -314,8 +314,13 @@ def check_signal(arr, *, file, field: str = "sinogram") -> None:
 
 
 def flat_dark_correct(proj, flat=None, dark=None, *, file, field: str = "data",
-                      flat_field: str = "flat", dark_field: str = "dark") -> np.ndarray:
+                      flat_field: str = "flat", dark_field: str = "dark",
+                      with_variance: bool = False):
     """Beer-Lambert correction ``p = -log((I - D) / (F - D))``.
+
+    The arithmetic is :func:`ctuq.data.counts.counts_to_line_integrals`
+    (the one implementation); here the frames are checked and every
+    non-positive ``I - D`` or ``F - D`` is an error naming the file.
 
     Parameters
     ----------
@@ -328,11 +333,16 @@ def flat_dark_correct(proj, flat=None, dark=None, *, file, field: str = "data",
         missing dark means D = 0.
     file, field, flat_field, dark_field
         Named in any error.
+    with_variance : bool, optional
+        Also return the delta-method variance of every line integral
+        (counts taken as photons), or None without flat frames (normalised
+        transmissions are not counts). Default False.
 
     Returns
     -------
     ndarray, float32, shape of ``proj``
-        Line integrals.
+        Line integrals; with ``with_variance`` a pair ``(line integrals,
+        variance or None)``, the variance float32 of the same shape.
 
     Raises
     ------
@@ -340,37 +350,50 @@ def flat_dark_correct(proj, flat=None, dark=None, *, file, field: str = "data",
         Darks without flats, shape mismatch, or any non-positive ``I - D`` or
         ``F - D`` (the logarithm would be undefined).
     """
+    from ctuq.data.counts import counts_to_line_integrals
+
     proj = np.asarray(proj, dtype=np.float64)
     frame_shape = proj.shape[1:]
 
-    def _mean_frame(frames, name):
+    def _stack(frames, name):
         frames = np.asarray(frames, dtype=np.float64)
-        if frames.ndim == proj.ndim:
-            frames = frames.mean(axis=0)
-        if frames.shape != frame_shape:
-            raise InputError(f"frames of shape {frames.shape} do not match the projections "
+        stack = frames if frames.ndim == proj.ndim else frames[None]
+        if stack.shape[1:] != frame_shape:
+            shown = stack.shape[1:] if frames.ndim == proj.ndim else frames.shape
+            raise InputError(f"frames of shape {shown} do not match the projections "
                              f"{frame_shape}", file=file, field=name)
-        return frames
+        return stack
 
     if flat is None and dark is not None:
         raise InputError("dark frames are present but no flat frames: cannot normalise",
                          file=file, field=dark_field)
-    d = 0.0 if dark is None else _mean_frame(dark, dark_field)
-    f = 1.0 if flat is None else _mean_frame(flat, flat_field)
-    num = proj - d
-    den = np.broadcast_to(np.asarray(f - d, dtype=np.float64), frame_shape)
+    darks = None if dark is None else _stack(dark, dark_field)
+    flats = np.ones((1, *frame_shape)) if flat is None else _stack(flat, flat_field)
+    d = 0.0 if darks is None else darks.mean(axis=0)
+    den = flats.mean(axis=0) - d
     if np.any(den <= 0):
         n = int((den <= 0).sum())
         where = "flat - dark" if dark is not None else "flat"
         raise InputError(f"{where} is not positive at {n} detector pixel(s); cannot take the "
                          "logarithm", file=file, field=flat_field)
+    num = proj - d
     if np.any(num <= 0):
         n = int((num <= 0).sum())
         first = tuple(int(i) for i in np.argwhere(num <= 0)[0])
         where = "intensity - dark" if dark is not None else "intensity"
         raise InputError(f"{where} is not positive at {n} value(s) (first at index {first}); "
                          "cannot take the logarithm", file=file, field=field)
-    return (-np.log(num / den)).astype(np.float32)
+    # counts_to_line_integrals wants (..., angles, detector): move the angle axis
+    # next to the detector; every value is positive here, so nothing is clipped
+    move = (lambda a: np.moveaxis(a, 0, -2)) if proj.ndim > 2 else (lambda a: a)
+    back = (lambda a: np.moveaxis(a, -2, 0)) if proj.ndim > 2 else (lambda a: a)
+    # (the frames keep their layout: one frame per projection row)
+    li = counts_to_line_integrals(move(proj), flats, darks,
+                                  min_counts=float(np.finfo(np.float64).tiny))
+    y = back(li.y).astype(np.float32)
+    if not with_variance:
+        return y
+    return y, (None if flat is None else back(li.variance).astype(np.float32))
 
 
 # -- units -----------------------------------------------------------------

@@ -33,6 +33,7 @@ class Loaded:
     meta: dict[str, Any] = field(default_factory=dict)
     ground_truth: np.ndarray | None = None
     detector_distance: float | None = None
+    variance: np.ndarray | None = None
 
 
 def quantity_is_raw(value, *, file, field: str) -> bool | None:
@@ -49,9 +50,15 @@ def quantity_is_raw(value, *, file, field: str) -> bool | None:
 
 def to_line_integrals(data, *, flats=None, darks=None, file_raw: bool | None,
                       raw: bool | None, file, field: str, flat_field: str = "flat",
-                      dark_field: str = "dark", meta: dict | None = None) -> np.ndarray:
+                      dark_field: str = "dark", meta: dict | None = None,
+                      with_variance: bool = False):
     """Return float32 line integrals, applying ``-log`` flat/dark correction
     when the data are raw intensities.
+
+    With ``with_variance`` the result is a pair ``(line integrals, variance)``:
+    the delta-method variance of each line integral
+    (:func:`ctuq.data.counts.counts_to_line_integrals`) when flat frames
+    were given, else None.
 
     The data are raw intensities when flat or dark frames are present, when
     the file marks them ``quantity="intensity"`` (``file_raw``), or when the
@@ -79,14 +86,15 @@ def to_line_integrals(data, *, flats=None, darks=None, file_raw: bool | None,
         elif np.asarray(data).dtype.kind in "iu":
             log.warning("%s:%s holds integers and no flat/dark frames: read as line integrals; "
                         "set raw (--raw) if they are intensities", file, field)
-        return arr
+        return (arr, None) if with_variance else arr
     values = check_array(data, file=file, field=field, ndims=(2, 3), dtype=np.float64)
     if flats is not None:
         flats = check_array(flats, file=file, field=flat_field, ndims=None, dtype=np.float64)
     if darks is not None:
         darks = check_array(darks, file=file, field=dark_field, ndims=None, dtype=np.float64)
-    out = flat_dark_correct(values, flats, darks, file=file, field=field,
-                            flat_field=flat_field, dark_field=dark_field)
+    out, variance = flat_dark_correct(values, flats, darks, file=file, field=field,
+                                      flat_field=flat_field, dark_field=dark_field,
+                                      with_variance=True)
     out = check_array(out, file=file, field=field, ndims=(2, 3))
     if meta is not None:
         meta["flat_dark_corrected"] = True
@@ -94,4 +102,4 @@ def to_line_integrals(data, *, flats=None, darks=None, file_raw: bool | None,
             int(flats.shape[0]) if flats.ndim == values.ndim else 1)
         meta["n_darks"] = 0 if darks is None else (
             int(darks.shape[0]) if darks.ndim == values.ndim else 1)
-    return out
+    return (out, variance) if with_variance else out

@@ -181,6 +181,8 @@ def _sinogram_from(status: dict, out: Path):
         data = np.load(out / "data.npy", allow_pickle=False)
         gt = (np.load(out / "ground_truth.npy", allow_pickle=False)
               if (out / "ground_truth.npy").exists() else None)
+        var = (np.load(out / "variance.npy", allow_pickle=False)
+               if (out / "variance.npy").exists() else None)
         gdict = dict(status["geometry"])
         angles = np.load(out / "angles_rad.npy", allow_pickle=False)
     finally:
@@ -192,7 +194,7 @@ def _sinogram_from(status: dict, out: Path):
                  origin_detector=gdict.get("origin_detector"),
                  center_offset=gdict.get("center_offset", 0.0),
                  image_offset=tuple(gdict.get("image_offset", (0.0, 0.0))))
-    return Sinogram(data, g, dict(status["meta"]), gt)
+    return Sinogram(data, g, dict(status["meta"]), gt, variance=var)
 
 
 def read_result_isolated(path, *, timeout: float | None = None):
@@ -262,6 +264,8 @@ def _serve(request: dict, out: Path) -> dict:
         np.save(out / "angles_rad.npy", np.asarray(s.geometry.angles), allow_pickle=False)
         if s.ground_truth is not None:
             np.save(out / "ground_truth.npy", s.ground_truth, allow_pickle=False)
+        if s.variance is not None:
+            np.save(out / "variance.npy", s.variance, allow_pickle=False)
         try:
             meta = to_jsonable(s.meta, field="meta", file=path)
         except InputError:

@@ -136,11 +136,14 @@ def load_nxtomo(f, entry_name: str, *, file, raw: bool | None = None,
     meta: dict = {}
     file_raw = quantity_is_raw(H.attr(ds, "quantity", file=file), file=file,
                                field=f"{field}@quantity")
-    data = to_line_integrals(proj, flats=flats, darks=darks, file_raw=file_raw, raw=raw,
-                             file=file, field=field, flat_field=f"{field}[image_key==1]",
-                             dark_field=f"{field}[image_key==2]", meta=meta)
+    data, variance = to_line_integrals(
+        proj, flats=flats, darks=darks, file_raw=file_raw, raw=raw, file=file, field=field,
+        flat_field=f"{field}[image_key==1]", dark_field=f"{field}[image_key==2]", meta=meta,
+        with_variance=True)
     if data.ndim == 3:  # [angles, rows, det] -> [rows, angles, det]
         data = np.ascontiguousarray(data.transpose(1, 0, 2))
+        if variance is not None:
+            variance = np.ascontiguousarray(variance.transpose(1, 0, 2))
 
     # -- geometry from the standard fields
     std: dict = {}
@@ -199,7 +202,7 @@ def load_nxtomo(f, entry_name: str, *, file, raw: bool | None = None,
             if v is not None and k not in meta:
                 meta[k] = attr_str(v) if attr_str(v) is not None else _plain(v)
     return Loaded(data=data, format="nxtomo", geometry=part, meta=meta, ground_truth=gt,
-                  detector_distance=det_mm)
+                  detector_distance=det_mm, variance=variance)
 
 
 def _plain(v):

@@ -113,9 +113,10 @@ def load_dxchange(f, *, file, raw: bool | None = None, angle_unit: str | None = 
     meta: dict = {}
     file_raw = quantity_is_raw(H.attr(ds, "quantity", file=file), file=file,
                                field=f"{ds.name}@quantity")
-    data = to_line_integrals(values, flats=flats, darks=darks, file_raw=file_raw, raw=raw,
-                             file=file, field=ds.name, flat_field="/exchange/data_white",
-                             dark_field="/exchange/data_dark", meta=meta)
+    data, variance = to_line_integrals(
+        values, flats=flats, darks=darks, file_raw=file_raw, raw=raw, file=file, field=ds.name,
+        flat_field="/exchange/data_white", dark_field="/exchange/data_dark", meta=meta,
+        with_variance=True)
     part: dict = {}
     th = H.get(f, "exchange/theta", file=file)
     if th is not None:
@@ -125,7 +126,8 @@ def load_dxchange(f, *, file, raw: bool | None = None, angle_unit: str | None = 
             raise InputError(f"has {ang.size} angles for {values.shape[0]} projections in "
                              "/exchange/data", file=file, field=th.name)
         part["angles"] = ang
-    return Loaded(_sinogram_layout_3d(data), "dxchange", part, meta)
+    return Loaded(_sinogram_layout_3d(data), "dxchange", part, meta,
+                  variance=None if variance is None else _sinogram_layout_3d(variance))
 
 
 def _attrs_geometry(ds, *, file) -> dict:
@@ -545,6 +547,6 @@ def read_sinogram(path, *, dataset: str | None = None, angles=None, geometry=Non
                                 n_angles_opt=n_angles, detector_distance=loaded.detector_distance,
                                 file=p)
         meta.update(source=os.path.abspath(p), format=loaded.format)
-        sino = Sinogram(data, geom, meta, loaded.ground_truth)
+        sino = Sinogram(data, geom, meta, loaded.ground_truth, variance=loaded.variance)
     log.info("read %s: %s, %s", p, loaded.format, sino.geometry)
     return sino

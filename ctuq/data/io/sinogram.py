@@ -33,6 +33,13 @@ class Sinogram:
     ground_truth : array_like, optional
         The true image, shape ``geometry.image_shape`` (or ``(n_slices, *image_shape)``
         for a stack), float32; known for simulated data.
+    variance : array_like, optional
+        The variance of every line integral, the shape of ``data``, float32
+        (positive, finite): the delta-method variance of line integrals a
+        reader derived from photon counts with flat frames
+        (:func:`ctuq.data.counts.counts_to_line_integrals`); the count noise
+        model of a reconstruction reads it (``noise_model``). Kept in memory
+        only: no writer stores it. Default None.
 
     Raises
     ------
@@ -52,6 +59,7 @@ class Sinogram:
     geometry: Geometry
     meta: dict[str, Any] = field(default_factory=dict)
     ground_truth: np.ndarray | None = None
+    variance: np.ndarray | None = None
 
     def __post_init__(self):
         src = self.meta.get("source") if isinstance(self.meta, dict) else None
@@ -90,6 +98,15 @@ class Sinogram:
                 raise InputError(f"has shape {gt.shape}; {want} expected from the data and "
                                  "geometry", file=src, field="ground_truth")
             self.ground_truth = gt
+        if self.variance is not None:
+            var = check_array(self.variance, file=src, field="variance", ndims=(2, 3))
+            if var.shape != data.shape:
+                raise InputError(f"has shape {var.shape}; the data's {data.shape} expected",
+                                 file=src, field="variance")
+            if not np.all(var > 0):
+                raise InputError("must be positive (the variance of every line integral)",
+                                 file=src, field="variance")
+            self.variance = var
 
     # -- shape helpers ------------------------------------------------------
     @property
@@ -135,7 +152,9 @@ class Sinogram:
         if not self.is_stack:
             return self
         gt = None if self.ground_truth is None else self.ground_truth[i]
-        return Sinogram(self.data[i], self.geometry, {**self.meta, "slice_index": i}, gt)
+        var = None if self.variance is None else self.variance[i]
+        return Sinogram(self.data[i], self.geometry, {**self.meta, "slice_index": i}, gt,
+                        variance=var)
 
     def slices(self) -> Iterator["Sinogram"]:
         """Iterate over the 2-D sinograms of the slices."""
@@ -202,12 +221,14 @@ class Sinogram:
     def __eq__(self, other) -> bool:
         if not isinstance(other, Sinogram):
             return NotImplemented
-        if (self.ground_truth is None) != (other.ground_truth is None):
+        if (self.ground_truth is None) != (other.ground_truth is None) \
+                or (self.variance is None) != (other.variance is None):
             return False
         return (self.geometry == other.geometry
                 and np.array_equal(self.data, other.data)
                 and (self.ground_truth is None
                      or np.array_equal(self.ground_truth, other.ground_truth))
+                and (self.variance is None or np.array_equal(self.variance, other.variance))
                 and self.meta == other.meta)
 
     __hash__ = None  # mutable container

@@ -29,7 +29,7 @@ PREDICTIVE_BATCH = 32
 def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: LaplaceSettings,
                       *, predictive_samples: int, learn_noise: bool, seed: int = 0,
                       progress: Callable | None = None, cancel: Callable[[], bool] | None = None,
-                      stages=None) -> dict:
+                      stages=None, ray_variance=None) -> dict:
     """Linearise at the DIP fit, fit the hyperparameters by sample-based EM, draw the predictive.
 
     Parameters
@@ -50,6 +50,10 @@ def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: Lapl
     progress, cancel : callable, optional
     stages : StageRunner, optional
         Checkpoints of ``em`` and ``predictive`` (default: none).
+    ray_variance : Tensor, optional
+        ``v``, the per-ray relative noise variance of the count noise model
+        (noise ``σ² v``, ``σ = noise_std``; the EM learns ``σ²`` when
+        ``learn_noise``). Default None (every ray alike).
 
     Returns
     -------
@@ -69,7 +73,7 @@ def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: Lapl
     timings = {}
     lin = Linearization(dip.model, dip.net_input)
     # one likelihood, whether the EM runs or its checkpoint is loaded
-    likelihood = ct_likelihood(lin, op, y)
+    likelihood = ct_likelihood(lin, op, y, ray_variance)
     options = uncertainty_options(settings, learn_noise=bool(learn_noise), seed=seed)
     post, timings["em"] = stages.run(
         "em", lambda: fit_posterior(
@@ -115,7 +119,8 @@ class LaplaceMethod(UncertaintyMethod):
         out = laplace_posterior(dip, problem.op, problem.y, problem.noise.std, s,
                                 predictive_samples=problem.uncertainty.predictive_samples,
                                 learn_noise=learn, seed=problem.seed, progress=progress,
-                                cancel=cancel, stages=stages)
+                                cancel=cancel, stages=stages,
+                                ray_variance=problem.noise.ray_variance)
         post = out["posterior"]
         mean = dip.reconstruction.detach()
         return UncertaintyOutcome(

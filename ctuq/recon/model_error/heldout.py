@@ -61,7 +61,8 @@ def _every_kth(n_angles: int, every: int) -> np.ndarray:
 
 
 def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
-                noise_std: float | None = None, progress=None, cancel=None):
+                noise_std: float | None = None, ray_variance=None, progress=None,
+                cancel=None):
     """The DIP fit without every ``every``-th angle, for :func:`fit_heldout`.
 
     The network input is the FBP of the kept angles only, so nothing of the
@@ -83,6 +84,10 @@ def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
         Leave out at least this many angles (:func:`heldout_split`). Default 0.
     noise_std : float, optional
         For the TV weight (as in :func:`ctuq.recon.dip.fit_dip`).
+    ray_variance : Tensor, optional
+        ``v``, the per-ray relative noise variance (``(n_angles,
+        n_detector)``) of the count noise model; the kept rows weigh the fit
+        as in :func:`ctuq.recon.dip.fit_dip`. Default None.
     progress, cancel : callable, optional
         Progress events carry the stage ``'model error'``.
 
@@ -107,8 +112,10 @@ def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
         net_input = op.fbp(zero_filled) * (geometry.n_angles / int(keep.sum()))
     op_in = RayTransform(dataclasses.replace(geometry, angles=geometry.angles[~out_mask]),
                          backend=op.backend, device=op.device)
+    v_in = None if ray_variance is None else torch.as_tensor(
+        ray_variance, dtype=torch.float32).reshape(geometry.range_shape)[keep]
     dip = fit_dip(y[keep.to(y.device)], op_in, dip_config, noise_std=noise_std,
-                  progress=progress, cancel=cancel, stage="model error",
+                  ray_variance=v_in, progress=progress, cancel=cancel, stage="model error",
                   net_input=net_input)
     return out_mask, dip
 
@@ -135,11 +142,14 @@ def _projection_rows(op, rows: np.ndarray, batch: int = 256):
 class HeldoutLikelihood:
     """The Gaussian likelihood of held-out projections as a function of ``(t0, s1)``.
 
-    ``r ~ N(0, M_post + t0² M_const + s1² M_edge + σ² I)``, with ``r`` the
+    ``r ~ N(0, M_post + t0² M_const + s1² M_edge + σ² V)``, with ``r`` the
     residuals of the held-out measurements and each ``M`` the Gram matrix
     ``B diag(w) Bᵀ`` of their projection rows ``B`` (``w`` the posterior
     variance, its mean, ``e(x̂_in)²``). Made by :func:`heldout_likelihood`;
     the arrays are all a fit needs, so they can be stored and refitted.
+
+    ``V = diag(v)`` the per-ray relative noise variances of the count noise
+    model (``V = I`` without them).
 
     Attributes
     ----------
@@ -147,6 +157,8 @@ class HeldoutLikelihood:
     M_post, M_const, M_edge : ndarray, shape (m, m)
     noise_var : float
     heldout_angles : int
+    ray_variance : ndarray, shape (m,), or None
+        ``v`` of the held-out measurements; None: ``V = I``.
     """
 
     r: np.ndarray
@@ -155,6 +167,7 @@ class HeldoutLikelihood:
     M_edge: np.ndarray
     noise_var: float
     heldout_angles: int = 0
+    ray_variance: np.ndarray | None = None
 
     def _factor(self, v):
         """``(summed nll, Cholesky factor, α = M⁻¹ r)`` at the variances ``v = (t0², s1²)``.
@@ -162,7 +175,10 @@ class HeldoutLikelihood:
         ``None`` where ``M`` is not positive definite.
         """
         M = torch.as_tensor(self.M_post + v[0] * self.M_const + v[1] * self.M_edge)
-        M.diagonal().add_(self.noise_var)
+        if self.ray_variance is None:
+            M.diagonal().add_(self.noise_var)
+        else:
+            M.diagonal().add_(self.noise_var * torch.as_tensor(self.ray_variance))
         L, info = torch.linalg.cholesky_ex(M)
         if int(info) != 0:
             return None
@@ -261,19 +277,25 @@ class HeldoutLikelihood:
 
     def arrays(self) -> dict:
         """The fields as numpy arrays (for ``np.savez``); :meth:`from_arrays` reads them."""
-        return {"r": self.r, "M_post": self.M_post, "M_const": self.M_const,
-                "M_edge": self.M_edge, "noise_var": np.float64(self.noise_var),
-                "heldout_angles": np.int64(self.heldout_angles)}
+        out = {"r": self.r, "M_post": self.M_post, "M_const": self.M_const,
+               "M_edge": self.M_edge, "noise_var": np.float64(self.noise_var),
+               "heldout_angles": np.int64(self.heldout_angles)}
+        if self.ray_variance is not None:
+            out["ray_variance"] = self.ray_variance
+        return out
 
     @classmethod
     def from_arrays(cls, arrays) -> "HeldoutLikelihood":
+        v = arrays["ray_variance"] if "ray_variance" in arrays else None
         return cls(*(np.asarray(arrays[k], np.float64) for k in ("r", "M_post", "M_const",
                                                                   "M_edge")),
-                   float(arrays["noise_var"]), int(arrays["heldout_angles"]))
+                   float(arrays["noise_var"]), int(arrays["heldout_angles"]),
+                   None if v is None else np.asarray(v, np.float64))
 
 
 def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
-                       max_rows: int = 2048, seed: int = 0) -> HeldoutLikelihood:
+                       max_rows: int = 2048, seed: int = 0,
+                       ray_variance=None) -> HeldoutLikelihood:
     """The likelihood of the held-out projections given ``(t0, s1)``.
 
     The left-out measurements ``y_out`` of a DIP fit ``x̂_in`` on the other
@@ -301,6 +323,9 @@ def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var:
         subsample beyond it; the marginal of a Gaussian is exact). Default 2048.
     seed : int, optional
         Seed of that subsample. Default 0.
+    ray_variance : Tensor or ndarray, optional
+        ``v``, shape (n_angles, n_detector): the measurements' noise is
+        ``σ² v`` (count noise model). Default None (``σ²`` for every ray).
 
     Returns
     -------
@@ -326,13 +351,15 @@ def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var:
     def gram(w):
         return np.asarray((B.multiply(w[None]) @ B.T).toarray(), dtype=np.float64)
 
+    v_out = None if ray_variance is None else torch.as_tensor(
+        ray_variance).detach().double().cpu().numpy().reshape(-1)[rows[keep]]
     return HeldoutLikelihood(r_all[rows[keep]], gram(vp), gram(np.full_like(vp, vp.mean())),
-                             gram(e2), float(noise_var), int(out_mask.sum()))
+                             gram(e2), float(noise_var), int(out_mask.sum()), v_out)
 
 
 def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
                 max_rows: int = 2048, seed: int = 0, prior: ModelErrorCoefficients | None = None,
-                prior_width: float = 1.0) -> ModelErrorCoefficients:
+                prior_width: float = 1.0, ray_variance=None) -> ModelErrorCoefficients:
     """Coefficients from the likelihood of held-out projections (the held-out term).
 
     :func:`heldout_likelihood` followed by :meth:`HeldoutLikelihood.fit`:
@@ -345,7 +372,7 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
 
     Parameters
     ----------
-    op, y, out_mask, x_hat_in, posterior_variance, noise_var, max_rows, seed
+    op, y, out_mask, x_hat_in, posterior_variance, noise_var, max_rows, seed, ray_variance
         As :func:`heldout_likelihood`.
     prior : ModelErrorCoefficients, optional
         Centre of the prior. Default None: maximum likelihood.
@@ -358,6 +385,6 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
         With the held-out term's name as ``method`` and the fit's details in ``info``.
     """
     lik = heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var,
-                             max_rows=max_rows, seed=seed)
+                             max_rows=max_rows, seed=seed, ray_variance=ray_variance)
     return lik.fit(prior, prior_width)
 

@@ -191,13 +191,14 @@ class HeldoutTerm(ModelErrorTerm):
 
     def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
         s = self.settings
+        v = getattr(problem.noise, "ray_variance", None)  # the count noise model's
         mask, dip_in = heldout_fit(problem.y, problem.op, fit.config, every=s.heldout_every,
                                    min_out=s.heldout_min_out, noise_std=math.sqrt(noise_var),
-                                   progress=progress, cancel=cancel)
+                                   ray_variance=v, progress=progress, cancel=cancel)
         check_cancel(cancel, "reconstruction")
         coeffs = fit_heldout(problem.op, problem.y, mask, dip_in.reconstruction.detach().cpu(),
                              var_post, noise_var, prior=self.calibration,
-                             prior_width=s.heldout_prior_width)
+                             prior_width=s.heldout_prior_width, ray_variance=v)
         if self.calibration is not None:
             coeffs.info["prior"]["from"] = self.source
         return coeffs, self.apply(coeffs, fit.reconstruction.detach().cpu(), var_post)
