@@ -91,6 +91,9 @@ class CalibrationRun:
     uncertainty : dict, optional
         Further ``[uncertainty]`` settings of every reconstruction (e.g.
         fewer samples in a test). Default None.
+    normalize : bool or None
+        ``normalize`` of every reconstruction (:mod:`ctuq.recon.scaling`).
+        Default None (the product's default).
     """
 
     threads: int = 1
@@ -103,6 +106,7 @@ class CalibrationRun:
     mc_dropout: bool = True
     mc_samples: int = 128
     uncertainty: dict | None = None
+    normalize: bool | None = None
 
 
 def reconstruction_config(case: dict, run: CalibrationRun, **uncertainty):
@@ -118,7 +122,8 @@ def reconstruction_config(case: dict, run: CalibrationRun, **uncertainty):
            **(run.uncertainty or {}), **uncertainty}
     return ReconstructionConfig(seed=case["index"], device="cpu", threads=run.threads,
                                 dip={"iterations": run.quick_iterations} if run.quick else {},
-                                uncertainty=unc)
+                                uncertainty=unc, **({} if run.normalize is None
+                                                    else {"normalize": run.normalize}))
 
 
 def total_variance(method: str, x_hat, var_post, coefficients) -> torch.Tensor:
@@ -521,6 +526,7 @@ def benchmark(cases: list[dict], run: CalibrationRun, *, partial=None, jobs: int
     doc = {**doc_fields, "cases_run": len(results),
            "cases_planned": len(cases) if cases_planned is None else cases_planned,
            "predcp_variants": list(run.predcp_variants), "default": default,
+           **({} if run.normalize is None else {"normalize": run.normalize}),
            "calibration": repo_relative(run.calibration) if run.calibration else None,
            "jobs": jobs, "threads": run.threads, "machine": machine("cpu"),
            "date": time.strftime("%Y-%m-%d"), "wall_time_s": time.perf_counter() - t0,

@@ -12,6 +12,7 @@ TOML layout (every key optional)::
     seed = 0
     backend = "auto"         # ray transform: auto | matrix | astra
     noise_std = 0.12         # known noise std (else: file metadata, else estimated)
+    normalize = false        # run on the data divided by their scale (ctuq.recon.scaling)
     threads = 1              # torch CPU threads (default: the cores no other process is busy on; Dask workers: 1)
 
     [dip]                    # any DIPConfig field
@@ -388,6 +389,9 @@ class ReconstructionConfig:
     noise_std : float or None
         Known noise std of the sinogram. Default None (from the file's
         metadata, else estimated from the data).
+    normalize : bool
+        Run on the data divided by their scale and give every output back in
+        data units (:mod:`ctuq.recon.scaling`). Default False.
     dip : dict
         Overrides of :class:`~ctuq.recon.dip.DIPConfig` fields.
     uncertainty : dict
@@ -404,6 +408,8 @@ class ReconstructionConfig:
                            doc="Ray-transform backend.")
     noise_std: float | None = setting(None, kind=float, greater_than=0, maximum=1e30,
                                       doc="Known noise std of the sinogram.")
+    normalize: bool = setting(False, kind=bool,
+                              doc="Reconstruct the data divided by their scale (any unit).")
     threads: int | None = setting(None, kind=int, minimum=1, maximum=4096,
                                   doc="torch CPU threads (default: the free cores; a Dask worker "
                                       "gets 1). Equal counts give bit-identical results.")
@@ -491,6 +497,7 @@ class ReconstructionConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"preset": self.preset, "device": self.device, "seed": self.seed,
                 "backend": self.backend, "noise_std": self.noise_std, "threads": self.threads,
+                "normalize": self.normalize,
                 "dip": dict(self.dip), "uncertainty": dict(self.uncertainty),
                 "geometry": dict(self.geometry), "read": dict(self.read)}
 

@@ -10,12 +10,14 @@ travelling as two loose arguments.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from ctuq.data.io import Sinogram
 from ctuq.data.operators import RayTransform
+from ctuq.errors import InputError
 
 __all__ = ["NoiseModel", "ReconstructionProblem"]
 
@@ -83,6 +85,13 @@ class ReconstructionProblem:
     uncertainty : UncertaintyConfig
         The resolved uncertainty settings.
     device : torch.device
+    scale : float
+        The data scale ``s`` (:mod:`ctuq.recon.scaling`): ``sinogram``, ``y``,
+        ``noise`` and the ground truth are the data divided by ``s``. Default 1.
+    data_sinogram : Sinogram or None
+        The slice as given, in data units, when normalised (else None).
+    data_dip : DIPConfig or None
+        The DIP settings as resolved in data units, when normalised (else None).
     """
 
     sinogram: Sinogram
@@ -94,6 +103,9 @@ class ReconstructionProblem:
     dip: object
     uncertainty: object
     device: torch.device
+    scale: float = 1.0
+    data_sinogram: Sinogram | None = None
+    data_dip: object = None
 
     @property
     def seed(self) -> int:
@@ -107,6 +119,13 @@ class ReconstructionProblem:
     def from_sinogram(cls, sinogram: Sinogram, config, method=None) -> "ReconstructionProblem":
         """Resolve ``config`` for the slice ``sinogram`` (a 2-D one).
 
+        Data whose FBP is mostly negative are refused
+        (:func:`~ctuq.recon.scaling.check_representable`). With
+        ``config.normalize``, the problem holds the data divided by their
+        scale ``s`` (:func:`~ctuq.recon.scaling.data_scale`) and the settings
+        that carry the data's unit divided accordingly
+        (:func:`~ctuq.recon.scaling.scaled_settings`).
+
         Parameters
         ----------
         sinogram : Sinogram
@@ -114,8 +133,16 @@ class ReconstructionProblem:
         method : UncertaintyMethod, optional
             Its :meth:`~ctuq.recon.methods.base.UncertaintyMethod.adapt_dip`
             is applied to the DIP settings.
+
+        Raises
+        ------
+        InputError
+            ``field='sinogram'``: the data's FBP is mostly negative, or their
+            scale is not a positive finite number.
         """
         from ctuq.recon.dip import resolve_device
+        from ctuq.recon.scaling import (check_representable, data_scale, normalized_sinogram,
+                                        scaled_settings)
 
         geometry = sinogram.geometry
         dip_cfg, unc = config.resolve(geometry.image_shape)
@@ -124,7 +151,22 @@ class ReconstructionProblem:
         device = resolve_device(config.device)
         op = RayTransform(geometry, backend=config.backend, device=device)
         y = torch.as_tensor(sinogram.data, dtype=torch.float32, device=device)
+        src = sinogram.meta.get("source")
+        check_representable(y, op, file=src)
+        dip_cfg = method.adapt_dip(dip_cfg)
+        noise_std, scale, original, data_dip = config.noise_std, 1.0, None, None
+        if getattr(config, "normalize", False):
+            scale = data_scale(y, op)
+            if not (scale > 0 and math.isfinite(scale)):
+                raise InputError(f"the data have no usable scale (s = {scale:.3g}): their "
+                                 "filtered back-projection has no positive high values",
+                                 field="sinogram", file=src)
+            original, data_dip = sinogram, dip_cfg
+            sinogram = normalized_sinogram(sinogram, scale)
+            noise_std, dip_cfg = scaled_settings(noise_std, dip_cfg, scale)
+            y = torch.as_tensor(sinogram.data, dtype=torch.float32, device=device)
         return cls(sinogram=sinogram, op=op, y=y,
-                   noise=NoiseModel.for_data(sinogram, y, config.noise_std),
+                   noise=NoiseModel.for_data(sinogram, y, noise_std),
                    preset=config.preset_for(geometry.image_shape), config=config,
-                   dip=method.adapt_dip(dip_cfg), uncertainty=unc, device=device)
+                   dip=dip_cfg, uncertainty=unc, device=device, scale=scale,
+                   data_sinogram=original, data_dip=data_dip)
