@@ -31,7 +31,7 @@ coefficients (relative to the posterior std and the edge strength).
 
 Independently of ``normalize``, :func:`check_representable` refuses data
 whose FBP is mostly negative (see there): the sigmoid output cannot be
-negative at any scale. See docs/method.md, "Data scale".
+negative at any scale. See docs/method.md §1.1.
 """
 
 from __future__ import annotations
@@ -55,10 +55,11 @@ SCALE_PERCENTILE = 99.5
 #: ``s = SCALE_FACTOR · P99.5(FBP)``. The FBP (Hann filter) blurs thin bright
 #: features: on the validation split (4 families, 12 scans at 28², 48 at 64²,
 #: 1-5 % noise) the true maximum over P99.5 of the FBP has median 1.23 / 1.20
-#: and 90th percentile 2.35 / 1.70 at 28² / 64² (largest for the Shepp-Logan
-#: variants' rim, about 1 for digits and rectangles). A factor 2 keeps the
-#: normalised truth at or below about 1, within the sigmoid's range, on 9 scans
-#: in 10; digits and rectangles then sit near 0.5, in its linear part.
+#: and maximum 2.57 / 1.81 at 28² / 64² (largest for the Shepp-Logan variants'
+#: rim, about 1 for digits and rectangles). A factor 2 keeps the normalised
+#: truth within the sigmoid's range on every 64² scan (at most 0.90) and 9 of
+#: the 12 at 28² (the three Shepp-Logan variants reach 1.29); digits and
+#: rectangles then sit near 0.5, in its linear part.
 SCALE_FACTOR = 2.0
 
 
@@ -113,8 +114,8 @@ def check_representable(y: torch.Tensor, op, *, file=None) -> None:
     "Mostly negative": the negative pixels of the FBP carry more mass than
     the positive ones (``Σ max(−x, 0) > Σ max(x, 0)``). For line integrals
     ``−log(I/I0)`` of a real object the FBP's mass is the object's and its
-    negative part is ringing and noise (below 8 % of the positive mass on
-    every validation scan at 28² and 64²); a few negative rays from noise only
+    negative part is ringing and noise (at most 8 % of the positive mass on
+    the 60 validation scans at 28² and 64²); a few negative rays from noise only
     warn (:func:`ctuq.recon.consistency.data_warnings`).
 
     Raises
@@ -202,7 +203,6 @@ def to_data_units(state) -> None:
     None).
     """
     from ctuq.recon.posterior_handle import ScaledPosterior
-    from ctuq.recon.problem import NoiseModel
 
     p = state.problem
     if p.data_sinogram is None:
@@ -224,7 +224,8 @@ def to_data_units(state) -> None:
         summary={**out.summary, "data_scale": s})
     state.model_error = replace(state.model_error, variance=state.model_error.variance * s2)
     state.problem = replace(p, sinogram=p.data_sinogram, y=p.y * s,
-                            noise=NoiseModel(float(p.noise.std) * s, p.noise.known))
+                            # the problem's own noise-model type (no import of problem here)
+                            noise=replace(p.noise, std=float(p.noise.std) * s))
 
 
 def in_data_units(stage):
