@@ -109,6 +109,8 @@ def main(argv=None):
                          "same cases of this earlier document or --partial file")
     ap.add_argument("--predcp", default="both", choices=("both", "off", "on"),
                     help="which TV-PredCP variants of the posterior methods to run")
+    ap.add_argument("--normalize", default=None, choices=("on", "off"),
+                    help="the reconstructions' normalize setting (default: the product's)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--partial", default=None)
@@ -137,7 +139,8 @@ def main(argv=None):
         threads=args.threads, quick=args.quick, quick_iterations=args.quick_iterations,
         predcp_variants={"both": (False, True), "off": (False,), "on": (True,)}[args.predcp],
         calibration=args.calibration, arrays=args.arrays, ivon=args.ivon,
-        mc_dropout=not args.no_mc_dropout, mc_samples=args.mc_samples)
+        mc_dropout=not args.no_mc_dropout, mc_samples=args.mc_samples,
+        normalize=None if args.normalize is None else args.normalize == "on")
     planned = (realistic_cases if args.realistic else calibration_cases)(
         args.split, sizes, args.per_family, conditions)
     cases = planned

@@ -97,6 +97,9 @@ class CalibrationRun:
         ``{"noise_model": "gaussian"}``) change the default reconstruction,
         and its methods are scored as ``posterior<suffix>``,
         ``heldout<suffix>``... (without TV-PredCP). Default none.
+    normalize : bool or None
+        ``normalize`` of every reconstruction (:mod:`ctuq.recon.scaling`).
+        Default None (the product's default).
     """
 
     threads: int = 1
@@ -110,6 +113,7 @@ class CalibrationRun:
     mc_samples: int = 128
     uncertainty: dict | None = None
     variants: tuple = ()
+    normalize: bool | None = None
 
 
 def reconstruction_config(case: dict, run: CalibrationRun, settings: dict | None = None,
@@ -128,6 +132,8 @@ def reconstruction_config(case: dict, run: CalibrationRun, settings: dict | None
     dip = {**({"iterations": run.quick_iterations} if run.quick else {}),
            **settings.pop("dip", {})}
     unc.update(settings.pop("uncertainty", {}))
+    if run.normalize is not None:
+        settings.setdefault("normalize", run.normalize)
     return ReconstructionConfig.from_dict({"seed": case["index"], "device": "cpu",
                                            "threads": run.threads, "dip": dip,
                                            "uncertainty": unc, **settings})
@@ -600,6 +606,7 @@ def benchmark(cases: list[dict], run: CalibrationRun, *, partial=None, jobs: int
     doc = {**doc_fields, "cases_run": len(results),
            "cases_planned": len(cases) if cases_planned is None else cases_planned,
            "predcp_variants": list(run.predcp_variants), "default": default,
+           **({} if run.normalize is None else {"normalize": run.normalize}),
            "calibration": repo_relative(run.calibration) if run.calibration else None,
            "jobs": jobs, "threads": run.threads, "machine": machine("cpu"),
            "date": time.strftime("%Y-%m-%d"), "wall_time_s": time.perf_counter() - t0,

@@ -15,6 +15,7 @@ TOML layout (every key optional)::
     noise_model = "gaussian" # gaussian (one σ for every ray) | counts (per-ray variance of
                              # raw counts data) | auto (counts when the data carry it)
     counts_scale = "known"   # counts: σ² from the counts (known) or learned by the EM
+    normalize = false        # run on the data divided by their scale (ctuq.recon.scaling)
     threads = 1              # torch CPU threads (default: the cores no other process is busy on; Dask workers: 1)
 
     [dip]                    # any DIPConfig field
@@ -405,6 +406,9 @@ class ReconstructionConfig:
         is known (the counts are photons), or only its shape ``v`` is and the
         Laplace EM learns ``σ²`` (an unknown detector gain scales every
         variance). Default ``'known'``.
+    normalize : bool
+        Run on the data divided by their scale and give every output back in
+        data units (:mod:`ctuq.recon.scaling`). Default False.
     dip : dict
         Overrides of :class:`~ctuq.recon.dip.DIPConfig` fields.
     uncertainty : dict
@@ -426,6 +430,8 @@ class ReconstructionConfig:
                                    "counts) or auto.")
     counts_scale: str = setting("known", kind=str, choices=("known", "learned"),
                                 doc="Count noise: sigma^2 known from the counts, or learned.")
+    normalize: bool = setting(False, kind=bool,
+                              doc="Reconstruct the data divided by their scale (any unit).")
     threads: int | None = setting(None, kind=int, minimum=1, maximum=4096,
                                   doc="torch CPU threads (default: the free cores; a Dask worker "
                                       "gets 1). Equal counts give bit-identical results.")
@@ -514,7 +520,7 @@ class ReconstructionConfig:
         return {"preset": self.preset, "device": self.device, "seed": self.seed,
                 "backend": self.backend, "noise_std": self.noise_std,
                 "noise_model": self.noise_model, "counts_scale": self.counts_scale,
-                "threads": self.threads,
+                "threads": self.threads, "normalize": self.normalize,
                 "dip": dict(self.dip), "uncertainty": dict(self.uncertainty),
                 "geometry": dict(self.geometry), "read": dict(self.read)}
 

@@ -67,6 +67,7 @@ from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
 from ctuq.recon.dip import fit_dip
 from ctuq.recon.problem import ReconstructionProblem
 from ctuq.recon.provenance import provenance, torch_threads
+from ctuq.recon.scaling import in_data_units
 from ctuq.recon.stages import StageRunner
 
 log = logging.getLogger(__name__)
@@ -501,10 +502,11 @@ def _metrics_stage(s: _Slice) -> None:
 
 
 #: The stages of a slice, in order: ``(name, function of the slice's state)``.
-#: ``dip`` and the method's own long sub-stages are checkpointed.
+#: ``dip`` and the method's own long sub-stages are checkpointed. The metrics are
+#: those of the outputs in data units (:func:`ctuq.recon.scaling.in_data_units`).
 STAGES = (("fbp", _fbp_stage), ("dip", _dip_stage), ("uncertainty", _uncertainty_stage),
           ("model error", _model_error_stage), ("consistency", _consistency_stage),
-          ("metrics", _metrics_stage))
+          ("metrics", in_data_units(_metrics_stage)))
 
 
 def flat_metrics(summary: dict) -> dict[str, float]:

@@ -32,8 +32,8 @@ import torch
 
 from ctuq.errors import InputError
 
-__all__ = ["PosteriorHandle", "LinearisedPosterior", "Posterior", "DRAW_BATCH",
-           "REGION_SAMPLES"]
+__all__ = ["PosteriorHandle", "LinearisedPosterior", "ScaledPosterior", "Posterior",
+           "DRAW_BATCH", "REGION_SAMPLES"]
 
 #: Samples per solver call when drawing (bounded memory, same numbers in any batch).
 DRAW_BATCH = 32
@@ -261,6 +261,41 @@ class LinearisedPosterior(PosteriorHandle):
         gen = torch.Generator().manual_seed(int(seed))
         z = self.fitted.draw(int(n), generator=gen, batch_size=DRAW_BATCH)
         return predictive.image_samples(self.linearization, z).detach().cpu().numpy()
+
+
+class ScaledPosterior(PosteriorHandle):
+    """Another handle's posterior in data units: its images multiplied by ``scale``.
+
+    The pipeline fits data divided by their scale ``s``
+    (:mod:`ctuq.recon.scaling`); this handle gives the draws of that fit
+    times ``s``. The model error is set in data units (its variance already
+    carries ``s²``).
+
+    Parameters
+    ----------
+    inner : PosteriorHandle
+        The posterior of the normalised problem (its model error unset).
+    scale : float
+        ``s`` (> 0).
+    """
+
+    def __init__(self, inner: PosteriorHandle, scale: float, *, model_error_variance=None):
+        self.inner, self.scale = inner, float(scale)
+        self.min_samples = inner.min_samples
+        super().__init__(np.asarray(inner.mean, np.float64) * self.scale, seed=inner._seed,
+                         model_error_variance=model_error_variance)
+
+    def fluctuations(self, n: int, seed: int) -> np.ndarray:
+        return np.asarray(self.inner.fluctuations(n, seed), np.float32) * np.float32(self.scale)
+
+    def posterior_draws(self, n: int, seed: int) -> np.ndarray:
+        return np.asarray(self.inner.posterior_draws(n, seed), np.float32) * np.float32(self.scale)
+
+    def __getattr__(self, name: str):
+        # what a method's own handle offers beyond the interface (e.g. ``fitted``)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
 
 #: The name of :class:`LinearisedPosterior` before other methods had handles.

@@ -10,12 +10,14 @@ travelling as two loose arguments.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from ctuq.data.io import Sinogram
 from ctuq.data.operators import RayTransform
+from ctuq.errors import InputError
 
 __all__ = ["NOISE_MODELS", "NoiseModel", "ReconstructionProblem"]
 
@@ -84,14 +86,17 @@ class NoiseModel:
         return cls(float(estimate_noise_std(y)), False)
 
     @classmethod
-    def for_config(cls, sinogram: Sinogram, y: torch.Tensor, config) -> "NoiseModel":
+    def for_config(cls, sinogram: Sinogram, y: torch.Tensor, config,
+                   noise_std: float | None = None) -> "NoiseModel":
         """The noise model ``config.noise_model`` asks for, for the 2-D slice ``sinogram``.
 
         ``'gaussian'`` (and ``'auto'`` without per-ray variances):
         :meth:`for_data`. ``'counts'`` (and ``'auto'`` with them): ``σ²`` the
         mean of :attr:`Sinogram.variance` (the settings' ``noise_std``, when
         given, replaces it), ``v`` the variances over that mean; ``known``
-        unless ``config.counts_scale`` is ``'learned'``.
+        unless ``config.counts_scale`` is ``'learned'``. ``noise_std``: the
+        settings' noise std in the units of ``y`` (default ``config.noise_std``;
+        the normalised problem passes it divided by the data scale).
 
         Raises
         ------
@@ -103,8 +108,9 @@ class NoiseModel:
 
         name = getattr(config, "noise_model", "gaussian")
         var = sinogram.variance
+        given = config.noise_std if noise_std is None else noise_std
         if name == "gaussian" or (name == "auto" and var is None):
-            return cls.for_data(sinogram, y, config.noise_std)
+            return cls.for_data(sinogram, y, given)
         if var is None:
             raise InputError("the count noise model needs line integrals derived from photon "
                              "counts with flat frames (raw NXtomo or DXchange data); these "
@@ -112,8 +118,8 @@ class NoiseModel:
                              "'auto'", file=sinogram.meta.get("source"), field="noise_model")
         var = torch.as_tensor(var, dtype=torch.float64)
         mean = float(var.mean())
-        sigma = float(config.noise_std) if config.noise_std is not None else mean ** 0.5
-        known = config.noise_std is not None or getattr(config, "counts_scale",
+        sigma = float(given) if given is not None else mean ** 0.5
+        known = given is not None or getattr(config, "counts_scale",
                                                         "known") == "known"
         v = (var / mean).to(torch.float32).reshape(y.shape).to(y.device)
         return cls(sigma, known, v, "counts")
@@ -142,6 +148,13 @@ class ReconstructionProblem:
     uncertainty : UncertaintyConfig
         The resolved uncertainty settings.
     device : torch.device
+    scale : float
+        The data scale ``s`` (:mod:`ctuq.recon.scaling`): ``sinogram``, ``y``,
+        ``noise`` and the ground truth are the data divided by ``s``. Default 1.
+    data_sinogram : Sinogram or None
+        The slice as given, in data units, when normalised (else None).
+    data_dip : DIPConfig or None
+        The DIP settings as resolved in data units, when normalised (else None).
     """
 
     sinogram: Sinogram
@@ -153,6 +166,9 @@ class ReconstructionProblem:
     dip: object
     uncertainty: object
     device: torch.device
+    scale: float = 1.0
+    data_sinogram: Sinogram | None = None
+    data_dip: object = None
 
     @property
     def seed(self) -> int:
@@ -166,6 +182,13 @@ class ReconstructionProblem:
     def from_sinogram(cls, sinogram: Sinogram, config, method=None) -> "ReconstructionProblem":
         """Resolve ``config`` for the slice ``sinogram`` (a 2-D one).
 
+        Data whose FBP is mostly negative are refused
+        (:func:`~ctuq.recon.scaling.check_representable`). With
+        ``config.normalize``, the problem holds the data divided by their
+        scale ``s`` (:func:`~ctuq.recon.scaling.data_scale`) and the settings
+        that carry the data's unit divided accordingly
+        (:func:`~ctuq.recon.scaling.scaled_settings`).
+
         Parameters
         ----------
         sinogram : Sinogram
@@ -173,8 +196,16 @@ class ReconstructionProblem:
         method : UncertaintyMethod, optional
             Its :meth:`~ctuq.recon.methods.base.UncertaintyMethod.adapt_dip`
             is applied to the DIP settings.
+
+        Raises
+        ------
+        InputError
+            ``field='sinogram'``: the data's FBP is mostly negative, or their
+            scale is not a positive finite number.
         """
         from ctuq.recon.dip import resolve_device
+        from ctuq.recon.scaling import (check_representable, data_scale, normalized_sinogram,
+                                        scaled_settings)
 
         geometry = sinogram.geometry
         dip_cfg, unc = config.resolve(geometry.image_shape)
@@ -183,7 +214,22 @@ class ReconstructionProblem:
         device = resolve_device(config.device)
         op = RayTransform(geometry, backend=config.backend, device=device)
         y = torch.as_tensor(sinogram.data, dtype=torch.float32, device=device)
+        src = sinogram.meta.get("source")
+        check_representable(y, op, file=src)
+        dip_cfg = method.adapt_dip(dip_cfg)
+        noise_std, scale, original, data_dip = config.noise_std, 1.0, None, None
+        if getattr(config, "normalize", False):
+            scale = data_scale(y, op)
+            if not (scale > 0 and math.isfinite(scale)):
+                raise InputError(f"the data have no usable scale (s = {scale:.3g}): their "
+                                 "filtered back-projection has no positive high values",
+                                 field="sinogram", file=src)
+            original, data_dip = sinogram, dip_cfg
+            sinogram = normalized_sinogram(sinogram, scale)
+            noise_std, dip_cfg = scaled_settings(noise_std, dip_cfg, scale)
+            y = torch.as_tensor(sinogram.data, dtype=torch.float32, device=device)
         return cls(sinogram=sinogram, op=op, y=y,
-                   noise=NoiseModel.for_config(sinogram, y, config),
+                   noise=NoiseModel.for_config(sinogram, y, config, noise_std),
                    preset=config.preset_for(geometry.image_shape), config=config,
-                   dip=method.adapt_dip(dip_cfg), uncertainty=unc, device=device)
+                   dip=dip_cfg, uncertainty=unc, device=device, scale=scale,
+                   data_sinogram=original, data_dip=data_dip)

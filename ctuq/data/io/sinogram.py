@@ -20,7 +20,8 @@ class Sinogram:
     ----------
     data : array_like, shape (n_angles, n_detector) or (n_slices, n_angles, n_detector)
         Line integrals (dimensionless, already ``-log`` of the transmission),
-        cast to C-contiguous float32. A 3-D array is a stack of slices, all
+        cast to C-contiguous float32 (integer data: ``meta['source_dtype']``
+        records their type). A 3-D array is a stack of slices, all
         with the same geometry, reconstructed one by one.
     geometry : Geometry
         Its ``range_shape`` must equal ``data.shape[-2:]``.
@@ -76,6 +77,10 @@ class Sinogram:
                 raise InputError(f"must be a positive finite number (the noise std of the "
                                  f"data), got {v!r}", file=src, field="meta.noise_std")
             self.meta["noise_std"] = float(v)
+        dtype = getattr(self.data, "dtype", None)
+        if dtype is not None and np.dtype(dtype).kind in "iub":
+            # integer line integrals: converted below, noted by the pipeline's data checks
+            self.meta.setdefault("source_dtype", str(np.dtype(dtype)))
         data = check_array(self.data, file=src, field="data", ndims=(2, 3))
         n_angles, n_det = data.shape[-2:]
         if n_angles != self.geometry.n_angles:
