@@ -201,3 +201,24 @@ def test_cli_reconstructs_scaled_data_scaled(scan, base, tmp_path):
     assert _rel(r.reconstruction, base.reconstruction, c) < 0.01
     assert _rel(r.std, base.std, c) < 0.01
     assert r.config["data_scale"] / c == pytest.approx(base.config["data_scale"], rel=1e-5)
+
+
+def test_count_noise_model_scales_with_the_data(scan, base):
+    """Per-ray variances (the count noise model) are in data units squared: c·y with
+    c²·v gives c·x̂ and c·std, and the weighting is that of the unscaled data."""
+    g, y, sigma, truth = scan
+    rng = np.random.default_rng(0)
+    var = (sigma ** 2 * rng.uniform(0.5, 2.0, y.shape)).astype(np.float32)
+
+    def run(c):
+        sino = Sinogram((y * c).astype(np.float32), g, ground_truth=(truth * c).astype(
+            np.float32), variance=(var * c ** 2).astype(np.float32))
+        return ctuq.reconstruct(sino, _config(noise_model="counts"))
+
+    one, big = run(1.0), run(1e3)
+    assert one.config["noise_model"] == "counts"
+    assert _rel(big.reconstruction, one.reconstruction, 1e3) < 0.01
+    assert _rel(big.std, one.std, 1e3) < 0.01
+    assert big.config["noise_std"] == pytest.approx(1e3 * one.config["noise_std"], rel=1e-5)
+    # the per-ray weights change the fit: not the scalar model's result
+    assert _rel(one.reconstruction, base.reconstruction, 1.0) > 1e-4
