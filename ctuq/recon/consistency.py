@@ -1,20 +1,25 @@
 """The pipeline's data-consistency stage and the checks of the data before a fit.
 
 :func:`check_consistency` runs after the uncertainty stage: the whitened
-residual ``r = (y − A x̂) / σ`` of the reconstruction shown (``x̂``) at the
-noise level the method ended with (``σ² = outcome.noise_var``), its χ² per
-degree of freedom overall and per angle, and the verdict of
+residual ``r = (y − A x̂) / σ`` of the reconstruction shown (``x̂``), its χ²
+per degree of freedom overall and per angle, and the verdict of
 :func:`ctuq.recon.diagnostics.data_consistency` (``dof = m − γ̂`` where the
 method reports an effective number of parameters ``γ̂``, e.g. the Laplace
-EM's ``gamma_total``; else ``m``, the number of rays). It reads the
-reconstruction and changes no number of it.
+EM's ``gamma_total``; else ``m``, the number of rays). ``σ`` is one the fit
+cannot inflate: the problem's noise model (the given σ, else the data's own
+estimate from the air beside the object), not the noise level the method
+learned (a wrong geometry inflates a learned σ² until χ²/dof ≈ 1 hides it;
+the ratio learned / data σ² is recorded as a second signal). A misfit marks
+the result untrustworthy (``trustworthy = False``): its interval is not
+widened. It reads the reconstruction and changes no number of it.
 
 :func:`data_warnings` looks at the data before any fit: angles whose values
 contradict their unit, negative line integrals on most rays, integer-typed
 line integrals. Each is one ``logging`` warning and one line of the result's
 ``diagnostics['warnings']``.
 
-See docs/method.md §8.4 for what the check does and does not cover.
+See docs/consistency.md and docs/method.md §8.4 for what the check does and does not
+cover.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ def effective_parameters(hyperparameters: dict, n_rays: int) -> float | None:
 
 
 def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_var: float,
-                      hyperparameters: dict, *, threshold: float = MISFIT_THRESHOLD
+                      hyperparameters: dict, *, noise=None, threshold: float = MISFIT_THRESHOLD
                       ) -> tuple[dict, np.ndarray]:
     """The consistency record of one slice and its whitened residual.
 
@@ -65,9 +70,15 @@ def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_v
     reconstruction : Tensor, shape (H, W)
         The reconstruction shown.
     noise_var : float
-        ``σ²`` of the measurements (the method's, learned or known).
+        ``σ²`` the method ended with (learned or known); recorded, and used
+        to whiten only when ``noise`` is None.
     hyperparameters : dict
         The method's; ``gamma_total`` (when present) is ``γ̂``.
+    noise : NoiseModel, optional
+        The problem's noise model (:class:`ctuq.recon.problem.NoiseModel`:
+        the given σ, else the data's estimate): whitens the residual.
+        Default None: whiten with ``noise_var`` (the behaviour before the
+        noise model was used; a learned σ² hides a wrong geometry).
     threshold : float
         χ²/dof of a misfit. Default :data:`~ctuq.recon.diagnostics.MISFIT_THRESHOLD`.
 
@@ -76,7 +87,12 @@ def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_v
     record : dict
         JSON-able: ``chi2_dof``, ``dof``, ``effective_parameters`` (γ̂ or
         None), ``chi2_per_angle`` (list, one per angle row), ``worst_angles``,
-        ``verdict`` (``'ok'``/``'misfit'``), ``reason``, ``threshold``.
+        ``verdict`` (``'ok'``/``'misfit'``), ``reason``, ``threshold``,
+        ``trustworthy`` (False for a misfit), ``noise_var`` (the σ² that
+        whitened, 1/mm²), ``noise_source`` (``'given'``, ``'estimated'``
+        or ``'method'``), ``noise_var_method`` (the method's σ²) and
+        ``noise_var_ratio`` (method's / whitening σ²; ≫ 1 when the fit
+        absorbed a misfit into its noise level).
     residual : ndarray, float32, shape (n_angles, n_detector)
         The whitened residual ``(y − A x̂) / σ``.
     """
@@ -85,13 +101,21 @@ def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_v
     y64 = y.detach().cpu().double().numpy()
     f64 = fwd.detach().cpu().double().numpy()
     gamma = effective_parameters(hyperparameters, y64.size)
-    m = data_consistency(y64, f64, float(noise_var), effective_parameters=gamma,
-                         threshold=threshold)
-    residual = ((y64 - f64) / math.sqrt(float(noise_var))).astype(np.float32)
+    method_var = float(noise_var)
+    if noise is None:
+        var, source = method_var, "method"
+    else:
+        var, source = float(noise.variance), "given" if noise.known else "estimated"
+    m = data_consistency(y64, f64, var, effective_parameters=gamma, threshold=threshold)
+    residual = ((y64 - f64) / math.sqrt(var)).astype(np.float32)
+    ratio = method_var / var if math.isfinite(method_var) and method_var > 0 else None
     record = {"chi2_dof": float(m.chi2_dof), "dof": float(m.dof), "effective_parameters": gamma,
               "chi2_per_angle": [float(v) for v in m.per_angle],
               "worst_angles": list(m.worst_angles), "verdict": m.verdict, "reason": m.reason,
-              "threshold": float(m.threshold)}
+              "threshold": float(m.threshold), "trustworthy": m.verdict == "ok",
+              "noise_var": var, "noise_source": source,
+              "noise_var_method": method_var if ratio is not None else None,
+              "noise_var_ratio": ratio}
     return record, residual
 
 
@@ -106,7 +130,7 @@ def combine_slices(records: list[dict]) -> dict:
     pick = bad[0] if bad else worst
     return {"chi2_dof": records[worst]["chi2_dof"],
             "chi2_per_angle": [r["chi2_per_angle"] for r in records],
-            "verdict": "misfit" if bad else "ok",
+            "verdict": "misfit" if bad else "ok", "trustworthy": not bad,
             "reason": f"slice {pick}: {records[pick]['reason']}",
             "threshold": records[0]["threshold"],
             "slices": [{k: v for k, v in r.items() if k != "chi2_per_angle"} for r in records]}
