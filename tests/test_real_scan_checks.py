@@ -18,6 +18,7 @@ from ctuq.data.operators import RayTransform
 from ctuq.data.phantoms import digits
 from ctuq.data.simulate import simulate_sinogram
 from ctuq.recon.consistency import check_consistency, data_warnings
+from ctuq.recon.diagnostics import MISREGISTRATION_PX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -88,7 +89,8 @@ def test_whitening_with_the_noise_model_not_the_inflated_learned_level(measured)
     assert old["verdict"] == "ok" and old["noise_source"] == "method"
     assert old["chi2_dof"] == pytest.approx(1.0, rel=1e-3)
     for known in (True, False):
-        rec, r = check_consistency(yt, wrong, x, learned, {}, noise=NoiseModel(sigma, known))
+        rec, r = check_consistency(yt, wrong, x, learned, {}, noise=NoiseModel(sigma, known),
+                                   misregistration=0.0)
         assert rec["verdict"] == "misfit" and rec["trustworthy"] is False
         assert rec["noise_source"] == ("given" if known else "estimated")
         assert rec["noise_var"] == pytest.approx(sigma ** 2)
@@ -96,6 +98,10 @@ def test_whitening_with_the_noise_model_not_the_inflated_learned_level(measured)
             10 * sigma ** 2
         assert rec["chi2_dof"] == pytest.approx(learned / sigma ** 2, rel=1e-3)
         np.testing.assert_allclose(r, (y - fwd) / sigma, rtol=1e-3, atol=1e-3)
+    # the default tolerance of a quarter-pixel misregistration lowers χ², yet not to 1
+    tol, _ = check_consistency(yt, wrong, x, learned, {}, noise=NoiseModel(sigma, False))
+    assert tol["misregistration"] == MISREGISTRATION_PX
+    assert 1 < tol["chi2_dof"] < rec["chi2_dof"] and tol["verdict"] == "misfit"
     # the right geometry at the data's estimated level stays ok
     ok, _ = check_consistency(yt, RayTransform(g), x, learned, {},
                               noise=NoiseModel(sigma, False))
@@ -144,11 +150,15 @@ def test_result_records_the_check_of_the_reconstruction_shown(result, measured):
     assert d["noise_var_method"] == pytest.approx(result.hyperparameters["sigma2"])
     assert d["noise_var_ratio"] == pytest.approx(d["noise_var_method"] / sigma ** 2)
     assert d["trustworthy"] == (d["verdict"] == "ok")
-    sigma2 = sigma ** 2
     op = RayTransform(result.geometry)
     fwd = op.A(torch.as_tensor(result.reconstruction)).numpy()
-    np.testing.assert_allclose(result.residual, (y - fwd) / np.sqrt(sigma2), rtol=1e-3,
-                               atol=1e-3)
+    # each ray's variance: σ² plus a quarter-pixel misregistration at the slope
+    delta = d["misregistration"]
+    assert delta == MISREGISTRATION_PX
+    slope = np.gradient(fwd.astype(np.float64), axis=1)
+    np.testing.assert_allclose(result.residual, (y - fwd) / np.sqrt(sigma ** 2
+                                                                  + (delta * slope) ** 2),
+                               rtol=1e-3, atol=1e-3)
     assert d["chi2_dof"] == pytest.approx(float((result.residual.astype(np.float64) ** 2).sum())
                                           / d["dof"], rel=1e-4)
     assert (d["verdict"] == "misfit") == (d["chi2_dof"] > d["threshold"]

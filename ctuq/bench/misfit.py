@@ -12,6 +12,7 @@ One error is injected into what ctuq is told (:data:`ERRORS`); the data are
 always those of the true scan:
 
 - ``right``: nothing (the hidden ±0.5 px centre offset stays);
+- ``right0`` (:data:`EXACT`): nothing, and no hidden centre offset either;
 - ``centre2`` / ``centre5``: the scan's rotation axis is 2 / 5 detector
   pixels off (sign alternating), ctuq is told 0;
 - ``rad_as_deg``: the angles' radian values are given with unit degrees;
@@ -37,9 +38,15 @@ import time
 
 import numpy as np
 
-__all__ = ["ERRORS", "make_scan", "plan", "run_case", "choose_threshold", "summarise"]
+__all__ = ["ERRORS", "make_scan", "plan", "run_case", "restat", "choose_threshold",
+           "summarise"]
 
 ERRORS = ("right", "centre2", "centre5", "rad_as_deg", "pixel1.5", "shuffle")
+#: The injected errors (every kind but ``right``).
+WRONG = ERRORS[1:]
+#: Right scans without even the hidden ±0.5 px centre offset (reported apart:
+#: they show how much of the right scans' χ² that offset makes).
+EXACT = "right0"
 #: Per-angle threshold factor of the product's rule
 #: (:data:`ctuq.recon.diagnostics.ANGLE_THRESHOLD_FACTOR`).
 SHUFFLE_FRACTION = 0.1
@@ -56,7 +63,7 @@ def make_scan(case: dict):
 
     err = case["error"]
     sign = 1.0 if case["index"] % 2 == 0 else -1.0
-    opts = {}
+    opts = {"center_offset": None} if err == EXACT else {}
     if err in ("centre2", "centre5"):
         opts["center_offset"] = sign * float(err[len("centre"):])
     sino, truth, hidden = realistic_case(case["split"], case["family"], case["index"],
@@ -82,7 +89,7 @@ def make_scan(case: dict):
 
 def plan(n_right: int, n_per_error: int, size: int, n_angles: int, *,
          full_right: int, full_errors=("centre5",), full_per_error: int | None = None,
-         split: str = "validation") -> list[dict]:
+         n_exact: int = 0, split: str = "validation") -> list[dict]:
     """The cases: ``n_right`` right scans and ``n_per_error`` of each error, over the
     split's families in turn; the first ``full_right`` right scans and the first
     ``full_per_error`` (default all) of each error in ``full_errors`` run the
@@ -92,25 +99,33 @@ def plan(n_right: int, n_per_error: int, size: int, n_angles: int, *,
 
     fams = FAMILIES[split]
     out = []
-    for err in ERRORS:
-        n = n_right if err == "right" else n_per_error
+    for err in (*ERRORS, EXACT):
+        n = n_right if err == "right" else n_exact if err == EXACT else n_per_error
         for i in range(n):
             fam, idx = fams[i % len(fams)], i // len(fams)
             # a different image per error type: index blocks of 20 per error
-            index = 20 * ERRORS.index(err) + idx
+            # right0 pairs with right: same image, noise level and draw
+            kind = 0 if err == EXACT else ERRORS.index(err)
+            index = 20 * kind + idx
             full = (err == "right" and i < full_right) or (err in full_errors
                                                             and i < full_per_error)
-            rng = np.random.default_rng([ERRORS.index(err), i])
+            rng = np.random.default_rng([kind, i])
             out.append({"id": f"{split}/{fam}/{index}/{err}", "split": split, "family": fam,
                          "index": index, "size": size, "n_angles": n_angles, "error": err,
                          "noise": float(rng.uniform(0.01, 0.05)),
-                         "noise_seed": int(20_000_000 + 1000 * ERRORS.index(err) + i),
+                         "noise_seed": int(20_000_000 + 1000 * kind + i),
                          "tier": "full" if full else "fit"})
     return out
 
 
-def run_case(case: dict, *, predictive_samples: int = 32, threads: int = 1) -> dict:
-    """Reconstruct one scan (its tier) and record the check's statistics."""
+def run_case(case: dict, *, predictive_samples: int = 32, threads: int = 1,
+             arrays=None) -> dict:
+    """Reconstruct one scan (its tier) and record the check's statistics.
+
+    ``arrays``: a folder where the data ``y``, the forward projection ``fwd`` of
+    the reconstruction and the whitening ``noise_var`` go (``<id>.npz``), so
+    that other statistics can be computed afterwards without refitting.
+    """
     import torch
 
     import ctuq
@@ -127,6 +142,8 @@ def run_case(case: dict, *, predictive_samples: int = 32, threads: int = 1) -> d
         d = r.diagnostics
         m = float(np.asarray(r.residual).size)
         rec, std = np.asarray(r.reconstruction, np.float64), np.asarray(r.std, np.float64)
+        y = np.asarray(sino.data, np.float64)
+        fwd = y - np.asarray(r.residual, np.float64) * math.sqrt(d["noise_var"])
         z = np.abs(rec - truth) / np.maximum(std, 1e-12)
         row.update(chi2_dof=d["chi2_dof"], chi2_m=d["chi2_dof"] * d["dof"] / m,
                    max_angle_m=max(d["chi2_per_angle"]) * d["dof"] / m,
@@ -149,12 +166,46 @@ def run_case(case: dict, *, predictive_samples: int = 32, threads: int = 1) -> d
         d, _ = check_consistency(p.y, p.op, fit.reconstruction, p.noise.variance, {},
                                  noise=p.noise)
         rec = fit.reconstruction.detach().cpu().double().numpy()
+        y = p.y.detach().cpu().double().numpy()
+        with torch.no_grad():
+            fwd = p.op.A(fit.reconstruction.detach()).cpu().double().numpy()
         row.update(chi2_m=d["chi2_dof"], max_angle_m=max(d["chi2_per_angle"]),
                    verdict=d["verdict"], noise_var=d["noise_var"],
                    rmse=float(np.sqrt(np.mean((rec - truth) ** 2))))
     row["sigma2_ratio_estimate_true"] = row["noise_var"] / facts["sigma_true"] ** 2
     row["seconds"] = time.perf_counter() - t0
+    if arrays is not None:
+        from pathlib import Path
+
+        Path(arrays).mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(Path(arrays) / (case["id"].replace("/", "_") + ".npz"), y=y,
+                            fwd=fwd, noise_var=row["noise_var"], truth=truth, rec=rec)
     return row
+
+
+def restat(rows: list[dict], arrays, misregistration: float) -> list[dict]:
+    """The rows with ``chi2_m`` / ``max_angle_m`` (and a full row's ``chi2_dof``)
+    recomputed from the stored arrays with the whitening variance
+    ``σ² + (δ ∂(A x̂)/∂u)²`` (δ = ``misregistration``); the values as run are
+    kept as ``chi2_m_run`` / ``max_angle_m_run``."""
+    from pathlib import Path
+
+    from ctuq.recon.diagnostics import misregistration_variance
+
+    out = []
+    for r in rows:
+        a = np.load(Path(arrays) / (r["id"].replace("/", "_") + ".npz"))
+        var = float(a["noise_var"]) + misregistration_variance(a["fwd"], misregistration)
+        r2 = (a["y"] - a["fwd"]) ** 2 / var
+        new = {**r, "chi2_m_run": r.get("chi2_m_run", r["chi2_m"]),
+               "max_angle_m_run": r.get("max_angle_m_run", r["max_angle_m"]),
+               "chi2_m": float(r2.mean()), "max_angle_m": float(r2.mean(axis=1).max()),
+               "misregistration": float(misregistration)}
+        if r["tier"] == "full":   # the product divides by m − γ̂
+            scale = r.get("dof_scale", r["chi2_dof"] / r["chi2_m"])
+            new.update(dof_scale=scale, chi2_dof=new["chi2_m"] * scale)
+        out.append(new)
+    return out
 
 
 def flagged(rows, t: float, factor: float) -> np.ndarray:
@@ -164,15 +215,17 @@ def flagged(rows, t: float, factor: float) -> np.ndarray:
     return (c > t) | (a > factor * t)
 
 
-def choose_threshold(rows: list[dict], factor: float, *, detection: float = 0.95) -> dict:
-    """The threshold with the smallest false-positive rate at detection ≥ ``detection``.
+def choose_threshold(rows: list[dict], factor: float, *, detection: float = 0.95,
+                     kinds=WRONG) -> dict:
+    """The threshold with the smallest false-positive rate at detection ≥ ``detection``
+    of the errors ``kinds`` (default all of :data:`WRONG`).
 
     Candidates are the scans' own values (``chi2_m`` and ``max_angle_m/factor``);
     among the thresholds with the least false positives that still detect
     enough, the geometric middle of their range is chosen (a margin both ways).
     """
     right = [r for r in rows if r["error"] == "right"]
-    wrong = [r for r in rows if r["error"] != "right"]
+    wrong = [r for r in rows if r["error"] in kinds]
     vals = sorted({v for r in rows for v in (r["chi2_m"], r["max_angle_m"] / factor)})
     grid = np.unique(np.concatenate([vals, np.geomspace(1, 1e4, 400)]))
     ok = []
@@ -197,14 +250,15 @@ def choose_threshold(rows: list[dict], factor: float, *, detection: float = 0.95
     lo, hi = min(ts), max(ts)
     t = float(math.sqrt(lo * hi))
     return {"threshold": t, "range": [float(lo), float(hi)], "false_positive_rate": fmin,
-            "detection": float(flagged(wrong, t, factor).mean()), "angle_factor": factor}
+            "detection": float(flagged(wrong, t, factor).mean()), "angle_factor": factor,
+            "kinds": list(kinds)}
 
 
 def summarise(rows: list[dict], threshold: float, factor: float) -> dict:
     """Flag rates per error type at ``threshold``, the statistics' ranges, and the
     coverage of the full-tier scans (flagged or not)."""
     out = {}
-    for err in ERRORS:
+    for err in (*ERRORS, EXACT):
         rs = [r for r in rows if r["error"] == err]
         if not rs:
             continue

@@ -7,7 +7,8 @@ per degree of freedom overall and per angle, and the verdict of
 method reports an effective number of parameters ``γ̂``, e.g. the Laplace
 EM's ``gamma_total``; else ``m``, the number of rays). ``σ`` is one the fit
 cannot inflate: the problem's noise model (the given σ, else the data's own
-estimate from the air beside the object), not the noise level the method
+estimate from the air beside the object), plus the variance of a quarter-pixel
+misregistration at the object's edges, not the noise level the method
 learned (a wrong geometry inflates a learned σ² until χ²/dof ≈ 1 hides it;
 the ratio learned / data σ² is recorded as a second signal). A misfit marks
 the result untrustworthy (``trustworthy = False``): its interval is not
@@ -30,7 +31,8 @@ import math
 import numpy as np
 import torch
 
-from ctuq.recon.diagnostics import MISFIT_THRESHOLD, check_angle_unit, data_consistency
+from ctuq.recon.diagnostics import (MISFIT_THRESHOLD, MISREGISTRATION_PX, check_angle_unit,
+                                    data_consistency, misregistration_variance)
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,8 @@ def effective_parameters(hyperparameters: dict, n_rays: int) -> float | None:
 
 
 def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_var: float,
-                      hyperparameters: dict, *, noise=None, threshold: float = MISFIT_THRESHOLD
-                      ) -> tuple[dict, np.ndarray]:
+                      hyperparameters: dict, *, noise=None, threshold: float = MISFIT_THRESHOLD,
+                      misregistration: float | None = None) -> tuple[dict, np.ndarray]:
     """The consistency record of one slice and its whitened residual.
 
     Parameters
@@ -81,6 +83,11 @@ def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_v
         noise model was used; a learned σ² hides a wrong geometry).
     threshold : float
         χ²/dof of a misfit. Default :data:`~ctuq.recon.diagnostics.MISFIT_THRESHOLD`.
+    misregistration : float, optional
+        ``δ`` (detector pixels): each ray's variance is ``σ² + (δ ∂(A x̂)/∂u)²``
+        (:func:`~ctuq.recon.diagnostics.misregistration_variance`). Default
+        :data:`~ctuq.recon.diagnostics.MISREGISTRATION_PX` with ``noise``,
+        0 without it (the behaviour before).
 
     Returns
     -------
@@ -92,9 +99,9 @@ def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_v
         whitened, 1/mm²), ``noise_source`` (``'given'``, ``'estimated'``
         or ``'method'``), ``noise_var_method`` (the method's σ²) and
         ``noise_var_ratio`` (method's / whitening σ²; ≫ 1 when the fit
-        absorbed a misfit into its noise level).
+        absorbed a misfit into its noise level), ``misregistration`` (δ).
     residual : ndarray, float32, shape (n_angles, n_detector)
-        The whitened residual ``(y − A x̂) / σ``.
+        The whitened residual ``(y − A x̂) / √(σ² + (δ ∂(A x̂)/∂u)²)``.
     """
     with torch.no_grad():
         fwd = op.A(reconstruction.detach().to(y.device, torch.float32))
@@ -106,8 +113,11 @@ def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_v
         var, source = method_var, "method"
     else:
         var, source = float(noise.variance), "given" if noise.known else "estimated"
-    m = data_consistency(y64, f64, var, effective_parameters=gamma, threshold=threshold)
-    residual = ((y64 - f64) / math.sqrt(var)).astype(np.float32)
+    if misregistration is None:
+        misregistration = 0.0 if noise is None else MISREGISTRATION_PX
+    ray_var = var + misregistration_variance(f64, float(misregistration))
+    m = data_consistency(y64, f64, ray_var, effective_parameters=gamma, threshold=threshold)
+    residual = ((y64 - f64) / np.sqrt(ray_var)).astype(np.float32)
     ratio = method_var / var if math.isfinite(method_var) and method_var > 0 else None
     record = {"chi2_dof": float(m.chi2_dof), "dof": float(m.dof), "effective_parameters": gamma,
               "chi2_per_angle": [float(v) for v in m.per_angle],
@@ -115,7 +125,7 @@ def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_v
               "threshold": float(m.threshold), "trustworthy": m.verdict == "ok",
               "noise_var": var, "noise_source": source,
               "noise_var_method": method_var if ratio is not None else None,
-              "noise_var_ratio": ratio}
+              "noise_var_ratio": ratio, "misregistration": float(misregistration)}
     return record, residual
 
 
