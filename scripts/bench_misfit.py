@@ -8,9 +8,13 @@ coverage and RMSE), the threshold with the smallest false-positive rate at
 ≥ 95 % detection (:func:`ctuq.bench.misfit.choose_threshold`) and the flag
 rates per error type at it. See :mod:`ctuq.bench.misfit` for the scans.
 
-Usage::
+Usage (benchmarks/results/misfit_validation.json: four shards ``--shard k/4``
+with their own ``--partial``, six ``right0`` scans in a fifth run, then the
+partial files concatenated and the same command once more, which only
+summarises)::
 
-    python scripts/bench_misfit.py --partial misfit.jsonl \\
+    python scripts/bench_misfit.py --right 40 --per-error 8 --full-right 2 \\
+        --full-centre5 4 --exact 6 --arrays arrays/ --partial misfit.jsonl \\
         > benchmarks/results/misfit_validation.json
 """
 
