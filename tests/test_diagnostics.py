@@ -20,7 +20,8 @@ from ctuq.data.operators import RayTransform
 from ctuq.data.splits import Case
 from ctuq.errors import InputError
 from ctuq.recon.baselines import tv_reconstruction
-from ctuq.recon.diagnostics import (check_angle_unit, data_consistency,
+from ctuq.recon.diagnostics import (ANGLE_THRESHOLD_FACTOR, MISFIT_THRESHOLD,
+                                    check_angle_unit, data_consistency,
                                     misregistration_variance, radians_given_as_degrees,
                                     whitened_residual)
 
@@ -72,7 +73,9 @@ def test_wrong_geometry_is_a_misfit(case):
 def test_one_corrupt_projection_is_found_by_angle():
     m, y, fwd, sigma = _fit("right")
     y = y.copy()   # _fit's result is cached
-    y[17] += 6 * sigma * np.sign(np.random.default_rng(3).standard_normal(N_DET))
+    # 1.5× the per-angle threshold's amplitude on one row: its χ² ≈ 2.25 × 4t
+    amp = 1.5 * math.sqrt(ANGLE_THRESHOLD_FACTOR * MISFIT_THRESHOLD)
+    y[17] += amp * sigma * np.sign(np.random.default_rng(3).standard_normal(N_DET))
     bad = data_consistency(y, fwd, sigma**2)
     assert bad.verdict == "misfit" and bad.worst_angles[0] == 17
     assert bad.chi2_dof < bad.threshold     # the overall χ² alone would have passed it
