@@ -18,6 +18,7 @@ from ctuq.data.operators import RayTransform
 from ctuq.data.phantoms import digits
 from ctuq.data.simulate import simulate_sinogram
 from ctuq.recon.consistency import check_consistency, data_warnings
+from ctuq.recon.diagnostics import MISREGISTRATION_PX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -71,6 +72,71 @@ def test_gamma_beyond_the_rays_falls_back_to_the_ray_count(measured):
     assert rec["effective_parameters"] is None and rec["dof"] == y.size
 
 
+def test_whitening_with_the_noise_model_not_the_inflated_learned_level(measured):
+    """A wrong geometry inflates a learned σ² until χ²/dof ≈ 1; the problem's noise
+    model (given or estimated from the air) is not inflated and sees the misfit."""
+    from ctuq.recon.problem import NoiseModel
+
+    y, sigma, truth, g = measured
+    wrong = RayTransform(Geometry.parallel(28, angles=np.deg2rad(ANGLES_DEG),
+                                           n_detector=g.n_detector, center_offset=5))
+    yt = torch.as_tensor(y)
+    x = torch.as_tensor(truth)
+    with torch.no_grad():
+        fwd = wrong.A(x).numpy().astype(np.float64)
+    learned = float(np.mean((y - fwd) ** 2))       # what an EM would learn: χ²/m = 1
+    old, _ = check_consistency(yt, wrong, x, learned, {})
+    assert old["verdict"] == "ok" and old["noise_source"] == "method"
+    assert old["chi2_dof"] == pytest.approx(1.0, rel=1e-3)
+    for known in (True, False):
+        rec, r = check_consistency(yt, wrong, x, learned, {}, noise=NoiseModel(sigma, known),
+                                   misregistration=0.0)
+        assert rec["verdict"] == "misfit" and rec["trustworthy"] is False
+        assert rec["noise_source"] == ("given" if known else "estimated")
+        assert rec["noise_var"] == pytest.approx(sigma ** 2)
+        assert rec["noise_var_ratio"] == pytest.approx(learned / sigma ** 2) and learned > \
+            10 * sigma ** 2
+        assert rec["chi2_dof"] == pytest.approx(learned / sigma ** 2, rel=1e-3)
+        np.testing.assert_allclose(r, (y - fwd) / sigma, rtol=1e-3, atol=1e-3)
+    # the default tolerance of a quarter-pixel misregistration lowers χ², yet not to 1
+    tol, _ = check_consistency(yt, wrong, x, learned, {}, noise=NoiseModel(sigma, False))
+    assert tol["misregistration"] == MISREGISTRATION_PX
+    assert 1 < tol["chi2_dof"] < rec["chi2_dof"] and tol["verdict"] == "misfit"
+    # the right geometry at the data's estimated level stays ok
+    ok, _ = check_consistency(yt, RayTransform(g), x, learned, {},
+                              noise=NoiseModel(sigma, False))
+    assert ok["verdict"] == "ok" and ok["trustworthy"] is True
+
+
+SMALL = ctuq.ReconstructionConfig(
+    threads=1, uncertainty={"em_steps": 1, "n_samples": 2, "predictive_samples": 4,
+                            "stored_samples": 0, "predcp": False, "preconditioner_rank": 8,
+                            "cg_max_iter": 20})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_5px_centre_error_is_marked_untrustworthy_and_a_right_scan_is_not(seed):
+    """24² off-grid scans of unknown noise (estimated from the air), the product's
+    default DIP: a 5-pixel centre error is flagged and marked untrustworthy
+    although the EM's learned σ² absorbs it; the right geometry is not flagged."""
+    from ctuq.bench.misfit import make_scan
+
+    out = {}
+    for err in ("right", "centre5"):
+        sino, _, _ = make_scan({"split": "tuning", "family": "shepp-variant", "index": seed,
+                                "size": 24, "n_angles": 30, "error": err, "noise": 0.03,
+                                "noise_seed": 100 + seed})
+        d = ctuq.reconstruct(sino, SMALL).diagnostics
+        assert d["noise_source"] == "estimated"
+        out[err] = d
+    assert out["right"]["verdict"] == "ok" and out["right"]["trustworthy"], \
+        out["right"]["reason"]
+    bad = out["centre5"]
+    assert bad["verdict"] == "misfit" and bad["trustworthy"] is False
+    # the learned σ² grew with the misfit; the check did not follow it
+    assert bad["noise_var_ratio"] > 3 * out["right"]["noise_var_ratio"]
+
+
 # -- in the pipeline's result -----------------------------------------------------------
 def test_result_records_the_check_of_the_reconstruction_shown(result, measured):
     y, sigma, _, g = measured
@@ -78,12 +144,21 @@ def test_result_records_the_check_of_the_reconstruction_shown(result, measured):
     assert set(d) >= {"chi2_dof", "chi2_per_angle", "verdict", "reason", "threshold", "warnings"}
     assert d["verdict"] in ("ok", "misfit") and d["warnings"] == []
     assert result.residual.shape == y.shape
-    # recomputed from the result's own numbers: the reconstruction and its noise level
-    sigma2 = result.hyperparameters["sigma2"]
+    # recomputed from the result's own numbers: the reconstruction and the given noise
+    # level (not the method's learned σ², recorded beside it with their ratio)
+    assert d["noise_source"] == "given" and d["noise_var"] == pytest.approx(sigma ** 2)
+    assert d["noise_var_method"] == pytest.approx(result.hyperparameters["sigma2"])
+    assert d["noise_var_ratio"] == pytest.approx(d["noise_var_method"] / sigma ** 2)
+    assert d["trustworthy"] == (d["verdict"] == "ok")
     op = RayTransform(result.geometry)
     fwd = op.A(torch.as_tensor(result.reconstruction)).numpy()
-    np.testing.assert_allclose(result.residual, (y - fwd) / np.sqrt(sigma2), rtol=1e-3,
-                               atol=1e-3)
+    # each ray's variance: σ² plus a quarter-pixel misregistration at the slope
+    delta = d["misregistration"]
+    assert delta == MISREGISTRATION_PX
+    slope = np.gradient(fwd.astype(np.float64), axis=1)
+    np.testing.assert_allclose(result.residual, (y - fwd) / np.sqrt(sigma ** 2
+                                                                  + (delta * slope) ** 2),
+                               rtol=1e-3, atol=1e-3)
     assert d["chi2_dof"] == pytest.approx(float((result.residual.astype(np.float64) ** 2).sum())
                                           / d["dof"], rel=1e-4)
     assert (d["verdict"] == "misfit") == (d["chi2_dof"] > d["threshold"]

@@ -1,21 +1,26 @@
 """The pipeline's data-consistency stage and the checks of the data before a fit.
 
 :func:`check_consistency` runs after the uncertainty stage: the whitened
-residual ``r = (y − A x̂) / (σ √v)`` of the reconstruction shown (``x̂``) at the
-noise level the method ended with (``σ² = outcome.noise_var``; ``v`` the
-per-ray relative variance of the count noise model, 1 otherwise), its χ² per
-degree of freedom overall and per angle, and the verdict of
+residual ``r = (y − A x̂) / σ_ray`` of the reconstruction shown (``x̂``), its χ²
+per degree of freedom overall and per angle, and the verdict of
 :func:`ctuq.recon.diagnostics.data_consistency` (``dof = m − γ̂`` where the
 method reports an effective number of parameters ``γ̂``, e.g. the Laplace
-EM's ``gamma_total``; else ``m``, the number of rays). It reads the
-reconstruction and changes no number of it.
+EM's ``gamma_total``; else ``m``, the number of rays). ``σ`` is one the fit
+cannot inflate: the problem's noise model (the given σ, else the data's own
+estimate from the air beside the object), plus the variance of a quarter-pixel
+misregistration at the object's edges, not the noise level the method
+learned (a wrong geometry inflates a learned σ² until χ²/dof ≈ 1 hides it;
+the ratio learned / data σ² is recorded as a second signal). A misfit marks
+the result untrustworthy (``trustworthy = False``): its interval is not
+widened. It reads the reconstruction and changes no number of it.
 
 :func:`data_warnings` looks at the data before any fit: angles whose values
 contradict their unit, negative line integrals on most rays, integer-typed
 line integrals. Each is one ``logging`` warning and one line of the result's
 ``diagnostics['warnings']``.
 
-See docs/method.md §8.4 for what the check does and does not cover.
+See docs/consistency.md and docs/method.md §8.4 for what the check does and does not
+cover.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import math
 import numpy as np
 import torch
 
-from ctuq.recon.diagnostics import MISFIT_THRESHOLD, check_angle_unit, data_consistency
+from ctuq.recon.diagnostics import (MISFIT_THRESHOLD, MISREGISTRATION_PX, check_angle_unit,
+                                    data_consistency, misregistration_variance)
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +60,8 @@ def effective_parameters(hyperparameters: dict, n_rays: int) -> float | None:
 
 
 def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_var: float,
-                      hyperparameters: dict, *, threshold: float = MISFIT_THRESHOLD,
+                      hyperparameters: dict, *, noise=None, threshold: float = MISFIT_THRESHOLD,
+                      misregistration: float | None = None,
                       ray_variance=None) -> tuple[dict, np.ndarray]:
     """The consistency record of one slice and its whitened residual.
 
@@ -66,41 +73,69 @@ def check_consistency(y: torch.Tensor, op, reconstruction: torch.Tensor, noise_v
     reconstruction : Tensor, shape (H, W)
         The reconstruction shown.
     noise_var : float
-        ``σ²`` of the measurements (the method's, learned or known).
+        ``σ²`` the method ended with (learned or known); recorded, and used
+        to whiten only when ``noise`` is None.
     hyperparameters : dict
         The method's; ``gamma_total`` (when present) is ``γ̂``.
+    noise : NoiseModel, optional
+        The problem's noise model (:class:`ctuq.recon.problem.NoiseModel`:
+        the given σ, else the data's estimate): whitens the residual.
+        Default None: whiten with ``noise_var`` (the behaviour before the
+        noise model was used; a learned σ² hides a wrong geometry).
     threshold : float
         χ²/dof of a misfit. Default :data:`~ctuq.recon.diagnostics.MISFIT_THRESHOLD`.
+    misregistration : float, optional
+        ``δ`` (detector pixels): each ray's variance is ``σ² + (δ ∂(A x̂)/∂u)²``
+        (:func:`~ctuq.recon.diagnostics.misregistration_variance`). Default
+        :data:`~ctuq.recon.diagnostics.MISREGISTRATION_PX` with ``noise``,
+        0 without it (the behaviour before).
     ray_variance : Tensor or ndarray, optional
         ``v``, the per-ray relative noise variance (the data's shape) of the
-        count noise model: ray ``i`` has the variance ``σ² v_i``. Default
-        None (``v ≡ 1``).
+        count noise model: ray ``i`` has the noise variance ``σ² v_i``.
+        Default: ``noise.ray_variance`` (None: ``v ≡ 1``).
 
     Returns
     -------
     record : dict
         JSON-able: ``chi2_dof``, ``dof``, ``effective_parameters`` (γ̂ or
         None), ``chi2_per_angle`` (list, one per angle row), ``worst_angles``,
-        ``verdict`` (``'ok'``/``'misfit'``), ``reason``, ``threshold``.
+        ``verdict`` (``'ok'``/``'misfit'``), ``reason``, ``threshold``,
+        ``trustworthy`` (False for a misfit), ``noise_var`` (the σ² that
+        whitened, 1/mm²), ``noise_source`` (``'given'``, ``'estimated'``
+        or ``'method'``), ``noise_var_method`` (the method's σ²) and
+        ``noise_var_ratio`` (method's / whitening σ²; ≫ 1 when the fit
+        absorbed a misfit into its noise level), ``misregistration`` (δ).
     residual : ndarray, float32, shape (n_angles, n_detector)
-        The whitened residual ``(y − A x̂) / (σ √v)``.
+        The whitened residual ``(y − A x̂) / √(σ² v + (δ ∂(A x̂)/∂u)²)``.
     """
     with torch.no_grad():
         fwd = op.A(reconstruction.detach().to(y.device, torch.float32))
     y64 = y.detach().cpu().double().numpy()
     f64 = fwd.detach().cpu().double().numpy()
-    if ray_variance is not None:  # whiten by √v: the χ² of the noise σ² v
-        w = 1.0 / np.sqrt(torch.as_tensor(ray_variance).detach().cpu().double().numpy()
-                          .reshape(y64.shape))
-        y64, f64 = y64 * w, f64 * w
+    if ray_variance is None and noise is not None:
+        ray_variance = noise.ray_variance
+    v = 1.0 if ray_variance is None else torch.as_tensor(
+        ray_variance).detach().cpu().double().numpy().reshape(y64.shape)
     gamma = effective_parameters(hyperparameters, y64.size)
-    m = data_consistency(y64, f64, float(noise_var), effective_parameters=gamma,
-                         threshold=threshold)
-    residual = ((y64 - f64) / math.sqrt(float(noise_var))).astype(np.float32)
+    method_var = float(noise_var)
+    if noise is None:
+        var, source = method_var, "method"
+    else:
+        var, source = float(noise.variance), "given" if noise.known else "estimated"
+    if misregistration is None:
+        misregistration = 0.0 if noise is None else MISREGISTRATION_PX
+    # the noise σ² v of every ray, and a tolerance for sub-pixel misregistration at edges
+    ray_var = var * v + misregistration_variance(f64, float(misregistration))
+    m = data_consistency(y64, f64, ray_var, effective_parameters=gamma, threshold=threshold)
+    residual = ((y64 - f64) / np.sqrt(ray_var)).astype(np.float32)
+    ratio = method_var / var if math.isfinite(method_var) and method_var > 0 else None
     record = {"chi2_dof": float(m.chi2_dof), "dof": float(m.dof), "effective_parameters": gamma,
               "chi2_per_angle": [float(v) for v in m.per_angle],
               "worst_angles": list(m.worst_angles), "verdict": m.verdict, "reason": m.reason,
-              "threshold": float(m.threshold)}
+              "threshold": float(m.threshold), "trustworthy": m.verdict == "ok",
+              "noise_var": var, "noise_source": source,
+              "noise_var_method": method_var if ratio is not None else None,
+              "noise_var_ratio": ratio, "misregistration": float(misregistration)}
     return record, residual
 
 
@@ -115,7 +150,7 @@ def combine_slices(records: list[dict]) -> dict:
     pick = bad[0] if bad else worst
     return {"chi2_dof": records[worst]["chi2_dof"],
             "chi2_per_angle": [r["chi2_per_angle"] for r in records],
-            "verdict": "misfit" if bad else "ok",
+            "verdict": "misfit" if bad else "ok", "trustworthy": not bad,
             "reason": f"slice {pick}: {records[pick]['reason']}",
             "threshold": records[0]["threshold"],
             "slices": [{k: v for k, v in r.items() if k != "chi2_per_angle"} for r in records]}

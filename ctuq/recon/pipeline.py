@@ -391,8 +391,7 @@ def _consistency_stage(s: _Slice) -> None:
     if not (var > 0 and np.isfinite(var)):  # a method without a noise level of its own
         var = p.noise.variance
     s.consistency, s.residual = check_consistency(p.y, p.op, out.reconstruction, var,
-                                                  out.hyperparameters,
-                                                  ray_variance=p.noise.ray_variance)
+                                                  out.hyperparameters, noise=p.noise)
     if s.consistency["verdict"] != "ok":
         src = p.sinogram.meta.get("source")
         log.warning("%smisfit: %s", f"{src}: " if src else "", s.consistency["reason"])
