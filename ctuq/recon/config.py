@@ -152,6 +152,9 @@ class UncertaintyConfig:
         held-out projections cannot see the model error (few angles, much
         noise). 0 turns it off. Default 0.1 (chosen on the validation split,
         docs/defaults.md).
+    heldout_iterations : float
+        Held-out term: the second fit's iterations as a fraction of the DIP
+        fit's (its learning-rate schedule compressed to them). Default 1.0.
     model_error_file : str or None
         The calibration of the terms that need one: a file written by
         ``ctuq calibrate``. Default None: the preset's shipped file (only
@@ -181,6 +184,9 @@ class UncertaintyConfig:
     heldout_prior_width: float = setting(0.1, kind=float, minimum=0, maximum=100.0,
                                          doc="Held-out term: width (log units) of the "
                                              "calibrated prior on the coefficients; 0: none.")
+    heldout_iterations: float = setting(1.0, kind=float, greater_than=0, maximum=1.0,
+                                        doc="Held-out term: the second fit's iterations, a "
+                                            "fraction of the DIP fit's.")
     model_error_file: str | None = setting(None, kind=str,
                                            doc="A ctuq calibrate file (terms that need one).")
     #: ``table -> settings object`` of every registered method.
@@ -190,12 +196,13 @@ class UncertaintyConfig:
                  stored_samples: int = 8, model_error: str = DEFAULT_TERM,
                  heldout_every: int = 6, heldout_min_out: int = 7,
                  heldout_prior_width: float = 0.1, model_error_file: str | None = None,
-                 tables: dict | None = None, **given):
+                 tables: dict | None = None, heldout_iterations: float = 1.0, **given):
         for name, value in (("method", method), ("predictive_samples", predictive_samples),
                             ("stored_samples", stored_samples), ("model_error", model_error),
                             ("heldout_every", heldout_every), ("heldout_min_out", heldout_min_out),
                             ("heldout_prior_width", heldout_prior_width),
-                            ("model_error_file", model_error_file)):
+                            ("model_error_file", model_error_file),
+                            ("heldout_iterations", heldout_iterations)):
             object.__setattr__(self, name, value)
         validate(self, prefix="uncertainty")
         object.__setattr__(self, "tables", _build_tables(tables or {}, given))

@@ -89,7 +89,7 @@ class ModelErrorTerm:
     ----------
     settings : UncertaintyConfig
         Read: ``heldout_every``, ``heldout_min_out``, ``heldout_prior_width``,
-        ``model_error_file``.
+        ``heldout_iterations``, ``model_error_file``.
     preset : str
         Picks the shipped calibration when no file is named.
     shipped : bool
@@ -191,7 +191,10 @@ class HeldoutTerm(ModelErrorTerm):
 
     def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
         s = self.settings
-        mask, dip_in = heldout_fit(problem.y, problem.op, fit.config, every=s.heldout_every,
+        mask, dip_in = heldout_fit(problem.y, problem.op,
+                                   heldout_config(fit.config, getattr(s, "heldout_iterations",
+                                                                      1.0)),
+                                   every=s.heldout_every,
                                    min_out=s.heldout_min_out, noise_std=math.sqrt(noise_var),
                                    progress=progress, cancel=cancel)
         check_cancel(cancel, "reconstruction")
@@ -201,6 +204,20 @@ class HeldoutTerm(ModelErrorTerm):
         if self.calibration is not None:
             coeffs.info["prior"]["from"] = self.source
         return coeffs, self.apply(coeffs, fit.reconstruction.detach().cpu(), var_post)
+
+
+def heldout_config(dip_config, fraction: float = 1.0):
+    """The held-out fit's DIP settings: the fit's own, with ``fraction`` of its iterations.
+
+    The held-out fit starts from the same random weights as the fit on all
+    angles (never from that fit, which has seen the held-out rows); a
+    fraction below 1 shortens it, its cosine learning-rate schedule ending
+    at the same floor after fewer steps. 1 (the default) keeps the settings
+    unchanged.
+    """
+    if fraction >= 1.0:
+        return dip_config
+    return dip_config.with_(iterations=max(1, round(int(dip_config.iterations) * fraction)))
 
 
 class CalibratedTerm(ModelErrorTerm):
