@@ -189,14 +189,34 @@ class HeldoutTerm(ModelErrorTerm):
                                                       shipped=self.shipped)
         return self
 
+    def fit_first(self, problem, *, progress=None, cancel=None):
+        """The held-out fit before the DIP fit on all angles (``dip_from_heldout`` > 0).
+
+        Made with the problem's DIP settings and noise std, kept for
+        :meth:`compute`; the fit on all angles continues from its weights
+        (:func:`ctuq.recon.model_error.shared.dip_fit`). Returns the held-out
+        fit (a :class:`~ctuq.recon.dip.DIPResult`).
+        """
+        s = self.settings
+        self._first = heldout_fit(problem.y, problem.op,
+                                  heldout_config(problem.dip, s.heldout_iterations),
+                                  every=s.heldout_every, min_out=s.heldout_min_out,
+                                  noise_std=problem.noise.std, progress=progress, cancel=cancel)
+        return self._first[1]
+
     def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
         s = self.settings
-        mask, dip_in = heldout_fit(problem.y, problem.op,
-                                   heldout_config(fit.config, getattr(s, "heldout_iterations",
-                                                                      1.0)),
-                                   every=s.heldout_every,
-                                   min_out=s.heldout_min_out, noise_std=math.sqrt(noise_var),
-                                   progress=progress, cancel=cancel)
+        first = getattr(self, "_first", None)
+        if first is not None:  # made before the fit on all angles (fit_first)
+            mask, dip_in = first
+        else:  # the DIP settings of the run (a resumed run's continued fit has fewer iterations)
+            base = problem.dip if getattr(s, "dip_from_heldout", 0) > 0 else fit.config
+            mask, dip_in = heldout_fit(problem.y, problem.op,
+                                       heldout_config(base, getattr(s, "heldout_iterations",
+                                                                    1.0)),
+                                       every=s.heldout_every, min_out=s.heldout_min_out,
+                                       noise_std=math.sqrt(noise_var), progress=progress,
+                                       cancel=cancel)
         check_cancel(cancel, "reconstruction")
         coeffs = fit_heldout(problem.op, problem.y, mask, dip_in.reconstruction.detach().cpu(),
                              var_post, noise_var, prior=self.calibration,
