@@ -13,7 +13,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_speed.py"
 #: A few iterations: what is timed does not matter here, only that it is recorded.
 TINY = {"dip": {"iterations": 4},
         "uncertainty": {"predictive_samples": 4,
-                        "laplace": {"em_steps": 1, "n_samples": 2, "preconditioner_rank": 5}}}
+                        "laplace": {"em_steps": 1, "n_samples": 2, "preconditioner_rank": 5,
+                                    "cg_max_iter": 5}}}
 
 
 def test_toml_text_round_trips_nested_settings():
@@ -62,7 +63,7 @@ def test_one_run_reports_the_provenance_stages():
 def test_script_at_16_pixels_gives_one_json_document():
     out = subprocess.run([sys.executable, str(SCRIPT), "--sizes", "16", "--settings",
                           json.dumps(TINY), "--demo-size", "16", "--demo-angles", "12"],
-                         stdout=subprocess.PIPE, text=True, check=True, timeout=600)
+                         stdout=subprocess.PIPE, text=True, check=True, timeout=1800)
     doc = json.loads(out.stdout)
     (row,) = doc["sizes"]
     assert row["size"] == 16 and row["settings"] == TINY
