@@ -1,6 +1,6 @@
 """How long a default reconstruction takes, stage by stage, alone and side by side.
 
-:func:`speed_benchmark` (``scripts/bench_speed.py``) times, each in a fresh
+:func:`speed_benchmark` (docs/speed.md) times, each in a fresh
 process so that nothing (threads, allocator, caches) carries over:
 
 - one default reconstruction per image size (:func:`one_run`) of a
@@ -348,7 +348,7 @@ def merge_settings(base: dict, changes: dict) -> dict:
 
 def speed_benchmark(sizes=(64, 128), *, settings: dict | None = None, demo: bool = True,
                     demo_args: dict | None = None, side_size: int | None = None) -> dict:
-    """The speed benchmark's document (``scripts/bench_speed.py``).
+    """The speed benchmark's document (docs/speed.md).
 
     Parameters
     ----------
