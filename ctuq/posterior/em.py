@@ -68,7 +68,12 @@ class EMOptions:
         Maximum number of M-steps (0: one E-step at the initial values).
         Default 6.
     em_tol : float
-        Stop when no counted log-hyperparameter moved by more than this. Default 0.02.
+        Stop when no counted log-hyperparameter moved by more than this (a
+        relative change of the hyperparameter) for ``em_patience`` consecutive
+        M-steps. Default 0.02.
+    em_patience : int
+        Consecutive M-steps below ``em_tol`` before the EM stops (then one
+        E-step at the final values gives the samples). Default 1.
     update : {'mackay', 'em'}
         Closed-form update of ``a_b`` (and ``σ²``). Default ``'mackay'``.
     learn_noise : bool
@@ -100,6 +105,7 @@ class EMOptions:
     n_samples: int = 16
     em_steps: int = 6
     em_tol: float = 0.02
+    em_patience: int = 1
     update: str = "mackay"
     learn_noise: bool = True
     gamma_estimator: str = "matheron"
@@ -117,7 +123,8 @@ class EMOptions:
             if getattr(self, name) not in allowed:
                 raise InputError(f"must be one of {', '.join(allowed)}, got "
                                  f"{getattr(self, name)!r}", field=name)
-        for name, low in (("n_samples", 1), ("em_steps", 0), ("mstep_steps", 0)):
+        for name, low in (("n_samples", 1), ("em_steps", 0), ("mstep_steps", 0),
+                          ("em_patience", 1)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise InputError(f"must be an integer >= {low}, got {v!r}", field=name)
@@ -428,6 +435,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
     stats: EStepStats | None = None
     total = opts.em_steps + 1
     converged = False
+    calm = 0  # consecutive M-steps that moved no counted hyperparameter by em_tol
     for step in range(total):
         check_cancel(cancel, "hyperparameter fit")
         t0 = time.perf_counter()
@@ -465,7 +473,8 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
             counted = _counted(free, stats.gamma_hat >= opts.inactive_gamma)
             entry["change"] = float(residual[counted].abs().max()) if bool(counted.any()) \
                 else 0.0
-            converged = entry["change"] < opts.em_tol
+            calm = calm + 1 if entry["change"] < opts.em_tol else 0
+            converged = calm >= opts.em_patience
             info["em_steps"] = step + 1
         entry["seconds"] = time.perf_counter() - t0
         trace.append(entry)

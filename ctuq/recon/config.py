@@ -157,6 +157,15 @@ class UncertaintyConfig:
         held-out projections cannot see the model error (few angles, much
         noise). 0 turns it off. Default 0.1 (chosen on the validation split,
         docs/defaults.md).
+    heldout_iterations : float
+        Held-out term: the second fit's iterations as a fraction of the DIP
+        fit's (its learning-rate schedule compressed to them). Default 1.0.
+    dip_from_heldout : float
+        Held-out term: above 0, the held-out fit runs first and the DIP fit
+        on all angles continues from its weights for this fraction of its
+        iterations (the held-out fit never sees the held-out rows; the fit
+        on all angles reuses its work). Default 0: two separate fits, each
+        from the seeded initialisation.
     model_error_file : str or None
         The calibration of the terms that need one: a file written by
         ``ctuq calibrate``. Default None: the preset's shipped file (only
@@ -186,6 +195,12 @@ class UncertaintyConfig:
     heldout_prior_width: float = setting(0.1, kind=float, minimum=0, maximum=100.0,
                                          doc="Held-out term: width (log units) of the "
                                              "calibrated prior on the coefficients; 0: none.")
+    heldout_iterations: float = setting(1.0, kind=float, greater_than=0, maximum=1.0,
+                                        doc="Held-out term: the second fit's iterations, a "
+                                            "fraction of the DIP fit's.")
+    dip_from_heldout: float = setting(0.0, kind=float, minimum=0, maximum=1.0,
+                                      doc="Held-out term: >0: the DIP fit continues from the "
+                                          "held-out fit for this fraction of its iterations.")
     model_error_file: str | None = setting(None, kind=str,
                                            doc="A ctuq calibrate file (terms that need one).")
     #: ``table -> settings object`` of every registered method.
@@ -195,12 +210,15 @@ class UncertaintyConfig:
                  stored_samples: int = 8, model_error: str = DEFAULT_TERM,
                  heldout_every: int = 6, heldout_min_out: int = 7,
                  heldout_prior_width: float = 0.1, model_error_file: str | None = None,
-                 tables: dict | None = None, **given):
+                 tables: dict | None = None, heldout_iterations: float = 1.0,
+                 dip_from_heldout: float = 0.0, **given):
         for name, value in (("method", method), ("predictive_samples", predictive_samples),
                             ("stored_samples", stored_samples), ("model_error", model_error),
                             ("heldout_every", heldout_every), ("heldout_min_out", heldout_min_out),
                             ("heldout_prior_width", heldout_prior_width),
-                            ("model_error_file", model_error_file)):
+                            ("model_error_file", model_error_file),
+                            ("heldout_iterations", heldout_iterations),
+                            ("dip_from_heldout", dip_from_heldout)):
             object.__setattr__(self, name, value)
         validate(self, prefix="uncertainty")
         object.__setattr__(self, "tables", _build_tables(tables or {}, given))

@@ -471,7 +471,8 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
             ray_variance=None, progress: Callable | None = None,
             cancel: Callable[[], bool] | None = None,
             stage: str = "dip", net_input: Tensor | None = None,
-            monitor: Callable[[int, Tensor], None] | None = None) -> DIPResult:
+            monitor: Callable[[int, Tensor], None] | None = None,
+            init_state: dict | None = None) -> DIPResult:
     """Fit the DIP+TV U-net to a sinogram.
 
     Parameters
@@ -508,6 +509,10 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
         event, with the image (``[H, W]``, detached) of the lowest-loss iterate
         so far, i.e. what the fit would return if it stopped there (a live
         view, or a benchmark's PSNR against the iteration count). Default None.
+    init_state : dict, optional
+        Weights to continue from (a :attr:`DIPResult.state_dict` of the same
+        architecture), instead of the seeded initialisation; the optimiser
+        and its schedule start afresh. Default None.
 
     Returns
     -------
@@ -542,6 +547,8 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
     if config.init_weights:
         load_weights(model, config.init_weights)
         log.info("DIP warm start from %s", config.init_weights)
+    if init_state is not None:
+        model.load_state_dict(init_state)
     model = model.to(device)
     if net_input is None:
         net_input = make_net_input(y_t, op, config, device)

@@ -64,7 +64,6 @@ from ctuq.recon.allocator import give_back_memory, keep_freed_memory
 from ctuq.recon.baselines import fbp_reconstruction
 from ctuq.recon.checkpoint import StageCheckpoints, checkpoint_folder
 from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
-from ctuq.recon.dip import fit_dip
 from ctuq.recon.problem import ReconstructionProblem
 from ctuq.recon.provenance import provenance, torch_threads
 from ctuq.recon.scaling import in_data_units
@@ -359,10 +358,9 @@ def _fbp_stage(s: _Slice) -> None:
 
 def _dip_stage(s: _Slice) -> None:
     p = s.problem
-    s.dip, s.timings["dip"] = s.runner.run("dip", lambda: fit_dip(
-        p.y, p.op, p.dip, noise_std=p.noise.std, ray_variance=p.noise.ray_variance,
-        progress=s.progress, cancel=s.cancel),
-        progress=s.progress)
+    from ctuq.recon.model_error.shared import dip_fit  # shares the held-out fit when asked
+    s.dip, s.timings["dip"] = s.runner.run("dip", lambda: dip_fit(
+        p, s.term, progress=s.progress, cancel=s.cancel), progress=s.progress)
 
 
 def _uncertainty_stage(s: _Slice) -> None:

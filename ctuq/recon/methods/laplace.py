@@ -75,6 +75,7 @@ def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: Lapl
     # one likelihood, whether the EM runs or its checkpoint is loaded
     likelihood = ct_likelihood(lin, op, y, ray_variance)
     options = uncertainty_options(settings, learn_noise=bool(learn_noise), seed=seed)
+    options["em"] = options["em"].with_(em_patience=int(getattr(settings, "em_patience", 1)))
     post, timings["em"] = stages.run(
         "em", lambda: fit_posterior(
             lin, op, y, noise_std**2, **options,

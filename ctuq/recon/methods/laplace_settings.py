@@ -35,7 +35,10 @@ class LaplaceSettings:
     em_steps : int
         Maximum EM steps. Default 6.
     em_tol : float
-        Stop when every log-hyperparameter moves less than this. Default 0.02.
+        Stop when every log-hyperparameter moves less than this (a relative
+        change) for ``em_patience`` consecutive steps. Default 0.02.
+    em_patience : int
+        Consecutive EM steps below ``em_tol`` before the EM stops. Default 1.
     update : {'mackay', 'em'}
         M-step of the per-block variances. Default ``'mackay'``.
     learn_noise : bool
@@ -77,6 +80,8 @@ class LaplaceSettings:
     em_steps: int = setting(6, kind=int, minimum=1, maximum=1000, doc="Maximum EM steps.")
     em_tol: float = setting(0.02, kind=float, minimum=0, maximum=1e6,
                             doc="Stop when every log-hyperparameter moves less.")
+    em_patience: int = setting(1, kind=int, minimum=1, maximum=1000,
+                               doc="Consecutive EM steps below em_tol before stopping.")
     update: str = setting("mackay", kind=str, choices=("mackay", "em"),
                           doc="M-step of the per-block variances.")
     learn_noise: bool | None = setting(None, kind=bool,

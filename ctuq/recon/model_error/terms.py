@@ -89,7 +89,7 @@ class ModelErrorTerm:
     ----------
     settings : UncertaintyConfig
         Read: ``heldout_every``, ``heldout_min_out``, ``heldout_prior_width``,
-        ``model_error_file``.
+        ``heldout_iterations``, ``model_error_file``.
     preset : str
         Picks the shipped calibration when no file is named.
     shipped : bool
@@ -189,12 +189,37 @@ class HeldoutTerm(ModelErrorTerm):
                                                       shipped=self.shipped)
         return self
 
+    def fit_first(self, problem, *, progress=None, cancel=None):
+        """The held-out fit before the DIP fit on all angles (``dip_from_heldout`` > 0).
+
+        Made with the problem's DIP settings and noise std, kept for
+        :meth:`compute`; the fit on all angles continues from its weights
+        (:func:`ctuq.recon.model_error.shared.dip_fit`). Returns the held-out
+        fit (a :class:`~ctuq.recon.dip.DIPResult`).
+        """
+        s = self.settings
+        self._first = heldout_fit(problem.y, problem.op,
+                                  heldout_config(problem.dip, s.heldout_iterations),
+                                  every=s.heldout_every, min_out=s.heldout_min_out,
+                                  noise_std=problem.noise.std,
+                                  ray_variance=problem.noise.ray_variance, progress=progress,
+                                  cancel=cancel)
+        return self._first[1]
+
     def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
         s = self.settings
         v = getattr(problem.noise, "ray_variance", None)  # the count noise model's
-        mask, dip_in = heldout_fit(problem.y, problem.op, fit.config, every=s.heldout_every,
-                                   min_out=s.heldout_min_out, noise_std=math.sqrt(noise_var),
-                                   ray_variance=v, progress=progress, cancel=cancel)
+        first = getattr(self, "_first", None)
+        if first is not None:  # made before the fit on all angles (fit_first)
+            mask, dip_in = first
+        else:  # the DIP settings of the run (a resumed run's continued fit has fewer iterations)
+            base = problem.dip if getattr(s, "dip_from_heldout", 0) > 0 else fit.config
+            mask, dip_in = heldout_fit(problem.y, problem.op,
+                                       heldout_config(base, getattr(s, "heldout_iterations",
+                                                                    1.0)),
+                                       every=s.heldout_every, min_out=s.heldout_min_out,
+                                       noise_std=math.sqrt(noise_var), ray_variance=v,
+                                       progress=progress, cancel=cancel)
         check_cancel(cancel, "reconstruction")
         coeffs = fit_heldout(problem.op, problem.y, mask, dip_in.reconstruction.detach().cpu(),
                              var_post, noise_var, prior=self.calibration,
@@ -202,6 +227,20 @@ class HeldoutTerm(ModelErrorTerm):
         if self.calibration is not None:
             coeffs.info["prior"]["from"] = self.source
         return coeffs, self.apply(coeffs, fit.reconstruction.detach().cpu(), var_post)
+
+
+def heldout_config(dip_config, fraction: float = 1.0):
+    """The held-out fit's DIP settings: the fit's own, with ``fraction`` of its iterations.
+
+    The held-out fit starts from the same random weights as the fit on all
+    angles (never from that fit, which has seen the held-out rows); a
+    fraction below 1 shortens it, its cosine learning-rate schedule ending
+    at the same floor after fewer steps. 1 (the default) keeps the settings
+    unchanged.
+    """
+    if fraction >= 1.0:
+        return dip_config
+    return dip_config.with_(iterations=max(1, round(int(dip_config.iterations) * fraction)))
 
 
 class CalibratedTerm(ModelErrorTerm):
