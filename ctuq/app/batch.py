@@ -310,6 +310,8 @@ def check_existing(input_path: Path, out_path: Path, config, *, timeout: float) 
     from ctuq.recon.config import ReconstructionConfig
 
     try:
+        # a file from before the data scale ran without it (the default then)
+        request = {"normalize": False, **request} if isinstance(request, dict) else request
         stored_cfg = ReconstructionConfig.from_dict(request).result_affecting()
     except CtuqError:
         stored_cfg = {"unreadable": True}

@@ -15,7 +15,7 @@ TOML layout (every key optional)::
     noise_model = "gaussian" # gaussian (one σ for every ray) | counts (per-ray variance of
                              # raw counts data) | auto (counts when the data carry it)
     counts_scale = "known"   # counts: σ² from the counts (known) or learned by the EM
-    normalize = false        # run on the data divided by their scale (ctuq.recon.scaling)
+    normalize = true         # run on the data divided by their scale (any unit; ctuq.recon.scaling)
     threads = 1              # torch CPU threads (default: the cores no other process is busy on; Dask workers: 1)
 
     [dip]                    # any DIPConfig field
@@ -426,7 +426,9 @@ class ReconstructionConfig:
         variance). Default ``'known'``.
     normalize : bool
         Run on the data divided by their scale and give every output back in
-        data units (:mod:`ctuq.recon.scaling`). Default False.
+        data units (:mod:`ctuq.recon.scaling`), so that the result of ``c·y`` is
+        ``c`` times that of ``y`` whatever the unit of the data. Default True
+        (False: the data as given; the network's output range is (0, 1)).
     dip : dict
         Overrides of :class:`~ctuq.recon.dip.DIPConfig` fields.
     uncertainty : dict
@@ -448,7 +450,7 @@ class ReconstructionConfig:
                                    "counts) or auto.")
     counts_scale: str = setting("known", kind=str, choices=("known", "learned"),
                                 doc="Count noise: sigma^2 known from the counts, or learned.")
-    normalize: bool = setting(False, kind=bool,
+    normalize: bool = setting(True, kind=bool,
                               doc="Reconstruct the data divided by their scale (any unit).")
     threads: int | None = setting(None, kind=int, minimum=1, maximum=4096,
                                   doc="torch CPU threads (default: the free cores; a Dask worker "
