@@ -241,3 +241,34 @@ def summarise_sweep(tv_rows: list[dict], dip_rows: list[dict]) -> dict:
                       "families": {f: stats([r for r in rows if r["family"] == f])
                                    for f in sorted({r["family"] for r in rows})}}
     return out
+
+
+def run_reconstruct_case(case: dict, changes: dict, uncertainty: dict | None = None) -> dict:
+    """``ctuq.reconstruct`` of the case's scan (noise draw 0) with DIP overrides ``changes``.
+
+    The default pipeline (its model-error term included) apart from
+    ``changes`` (``dip`` fields, e.g. ``warm_start``) and ``uncertainty``
+    overrides; seed = the image index, CPU. Scores (:func:`ctuq.bench.scores.score`)
+    of the Laplace posterior std alone (``posterior``) and of the total std
+    (``total``): ±1/2/3σ coverage, log-likelihood, PSNR.
+    """
+    import ctuq
+    from ctuq.bench.cases import sinogram
+    from ctuq.bench.scores import score
+    from ctuq.recon.config import ReconstructionConfig
+
+    scan = simulate(case, offset=0)
+    config = ReconstructionConfig(seed=case["index"], device="cpu", threads=1, dip=changes,
+                                  uncertainty=uncertainty or {})
+    t0 = time.perf_counter()
+    result = ctuq.reconstruct(sinogram(scan, with_truth=False), config)
+    keep = ("psnr", "ssim", "coverage_1", "coverage_2", "coverage_3", "pixel_log_likelihood",
+            "mean_std", "coverage_2_edges")
+    x_hat = result.reconstruction
+    return {"case": case["id"], "family": case["family"], "size": case["size"],
+            "condition": case["condition"], "changes": changes,
+            "uncertainty": uncertainty or {}, "time_s": time.perf_counter() - t0,
+            "posterior": {k: v for k, v in score(scan.truth, x_hat, result.posterior_std).items()
+                          if k in keep},
+            "total": {k: v for k, v in score(scan.truth, x_hat, result.std).items()
+                      if k in keep}}

@@ -61,4 +61,9 @@ UNCERTAINTY_DEFAULTS: dict[str, dict] = {
 #: other than ``'none'``), per preset; they replace :data:`DIP_DEFAULTS`' unless the
 #: user sets them. A pretrained start needs a lower peak learning rate (a high
 #: one undoes the pretraining) and fewer iterations (docs/dip.md §6).
-WARM_START_DEFAULTS: dict[str, dict] = {}
+WARM_START_DEFAULTS: dict[str, dict] = {
+    # validation split: with lr 2e-3 two images ended 1.7 and 3.2 dB below the
+    # pretrained network's own output after 300 iterations; lr 3e-4 after 20 warm-up
+    # steps ended 0.2 dB above it on both
+    "dip-64": dict(iterations=300, lr=3e-4, warmup=20),
+}
