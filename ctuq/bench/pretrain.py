@@ -9,8 +9,8 @@ condition of the calibration benchmark's size (:data:`ctuq.bench.cases.CONDITION
 and the network input is exactly the DIP's: ``op.fbp(y)``
 (:func:`ctuq.recon.dip.make_net_input`). Everything is seeded; nothing is
 downloaded. :func:`pretrain` returns the network and a record of the run;
-``scripts/pretrain_warm_start.py`` writes the shipped weights
-(``ctuq/recon/weights/<preset>.pt``, float16) with it.
+:func:`save_half` writes the shipped weights (``ctuq/recon/weights/<preset>.pt``,
+float16); how they were made: docs/dip.md §6.1.
 """
 
 from __future__ import annotations
