@@ -120,3 +120,155 @@ def summary_by(rows: list[dict]) -> dict:
             "conditions": {c: summarise([r for r in at if r["condition"] == c])
                            for c in sorted({r["condition"] for r in at})}}
     return summary
+
+
+# ------------------------------------------------------------------------------
+# Sweeps of the DIP settings on the validation split (TV weight, input, warm start)
+
+#: TV weight factors of the oracle TV ("best of these per image"), relative to the
+#: documented default weight (:func:`ctuq.recon.baselines.default_tv_weight`).
+TV_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+#: The sweep's scan conditions per size, (angles, relative noise), alternated over
+#: the images of a family (those of the test-split table of docs/dip.md §5).
+SWEEP_CONDITIONS = {64: [(30, 0.01), (60, 0.05)], 128: [(60, 0.01), (60, 0.05)],
+                    28: [(20, 0.05)]}
+
+
+def sweep_cases(size: int, per_family: int, split: str = "validation",
+                families=None) -> list[dict]:
+    """``per_family`` images of every family of ``split``, conditions alternated.
+
+    Image ``i`` of a family gets condition ``i mod len(conditions)`` of
+    :data:`SWEEP_CONDITIONS` (so 2 images per family cover both conditions).
+    """
+    from ctuq.bench.cases import _case
+    from ctuq.data.splits import FAMILIES
+
+    conds = SWEEP_CONDITIONS[size]
+    return [_case(split, f, i, size, *conds[i % len(conds)])
+            for i in range(per_family) for f in (families or FAMILIES[split])]
+
+
+def run_tv_sweep_case(case: dict) -> dict:
+    """FBP and TV at every weight of :data:`TV_FACTORS` on the case's scan (noise draw 0)."""
+    from ctuq.recon.baselines import default_tv_weight, fbp_reconstruction, tv_reconstruction
+
+    scan = simulate(case, offset=0)
+    base = default_tv_weight(scan.op, scan.sigma)
+    tv = {}
+    for f in TV_FACTORS:
+        t0 = time.perf_counter()
+        rec = tv_reconstruction(scan.y, scan.op, weight=f * base)
+        tv[str(f)] = {**image_metrics(scan.truth, rec), "time_s": time.perf_counter() - t0}
+    best = max(tv, key=lambda k: tv[k]["psnr"])
+    out = {k: case[k] for k in ("id", "family", "size", "condition")}
+    out["fbp"] = image_metrics(scan.truth, fbp_reconstruction(scan.y, scan.op))
+    out["tv"] = tv
+    out["tv_default"] = tv["1.0"]
+    out["tv_best"] = {**tv[best], "factor": float(best)}
+    return out
+
+
+def run_dip_variant_case(case: dict, changes: dict, monitor_every: int = 100) -> dict:
+    """DIP+TV on the case's scan (noise draw 0): the size's preset with ``changes`` applied.
+
+    ``changes`` are :class:`~ctuq.recon.dip.DIPConfig` fields (e.g.
+    ``tv_weight_factor``, ``net_input``, ``iterations``, ``lr``,
+    ``warm_start``). The fit is monitored every ``monitor_every`` iterations:
+    the PSNR of the lowest-loss iterate so far and the seconds spent, i.e.
+    what a run stopped there would have returned (with the learning rate of
+    this run's schedule, not that of a shorter one).
+    """
+    from ctuq.models.unet import preset_name_for_size
+    from ctuq.recon.dip import DIPConfig, fit_dip
+
+    scan = simulate(case, offset=0)
+    cfg = DIPConfig.preset_defaults(preset_name_for_size(case["size"]), device="cpu",
+                                    progress_every=monitor_every, **changes)
+    trace = []
+    t0 = time.perf_counter()
+
+    def monitor(iteration, image):
+        trace.append([iteration, round(time.perf_counter() - t0, 2),
+                      round(image_metrics(scan.truth, image)["psnr"], 3)])
+
+    dip = fit_dip(scan.y, scan.op, cfg, noise_std=scan.sigma, monitor=monitor)
+    out = {k: case[k] for k in ("family", "size", "condition")}
+    out["case"] = case["id"]
+    out["changes"] = changes
+    out["dip_tv"] = {**image_metrics(scan.truth, dip.reconstruction), "time_s": dip.wall_time,
+                     "iterations": cfg.iterations, "best_iteration": dip.best_iteration,
+                     "tv_weight": dip.tv_weight}
+    out["trace"] = trace
+    return out
+
+
+def summarise_sweep(tv_rows: list[dict], dip_rows: list[dict]) -> dict:
+    """Per size, variant and family: mean PSNR/SSIM, DIP − TV (default and best weight).
+
+    ``tv_rows``: :func:`run_tv_sweep_case` rows; ``dip_rows``:
+    :func:`run_dip_variant_case` rows with a ``"variant"`` name. Only cases
+    present in both count.
+    """
+    tv = {r["id"]: r for r in tv_rows}
+    out: dict = {}
+    for size in sorted({r["size"] for r in dip_rows}):
+        per = out.setdefault(str(size), {})
+        for v in dict.fromkeys(r["variant"] for r in dip_rows if r["size"] == size):
+            rows = [r for r in dip_rows if r["size"] == size and r["variant"] == v
+                    and r["case"] in tv]
+
+            def stats(sel):
+                d_best = [r["dip_tv"]["psnr"] - tv[r["case"]]["tv_best"]["psnr"] for r in sel]
+                d_def = [r["dip_tv"]["psnr"] - tv[r["case"]]["tv_default"]["psnr"] for r in sel]
+                return {"images": len(sel),
+                        "dip_psnr": float(np.mean([r["dip_tv"]["psnr"] for r in sel])),
+                        "dip_ssim": float(np.mean([r["dip_tv"]["ssim"] for r in sel])),
+                        "tv_best_psnr": float(np.mean([tv[r["case"]]["tv_best"]["psnr"]
+                                                       for r in sel])),
+                        "tv_default_psnr": float(np.mean([tv[r["case"]]["tv_default"]["psnr"]
+                                                          for r in sel])),
+                        "dip_minus_tv_best": float(np.mean(d_best)),
+                        "dip_minus_tv_best_min": float(np.min(d_best)),
+                        "dip_minus_tv_default": float(np.mean(d_def)),
+                        "dip_at_least_tv_best": int(sum(x >= 0 for x in d_best)),
+                        "dip_time_s": float(np.mean([r["dip_tv"]["time_s"] for r in sel]))}
+
+            if not rows:
+                continue
+            per[v] = {"changes": rows[0]["changes"], "all": stats(rows),
+                      "families": {f: stats([r for r in rows if r["family"] == f])
+                                   for f in sorted({r["family"] for r in rows})}}
+    return out
+
+
+def run_reconstruct_case(case: dict, changes: dict, uncertainty: dict | None = None) -> dict:
+    """``ctuq.reconstruct`` of the case's scan (noise draw 0) with DIP overrides ``changes``.
+
+    The default pipeline (its model-error term included) apart from
+    ``changes`` (``dip`` fields, e.g. ``warm_start``) and ``uncertainty``
+    overrides; seed = the image index, CPU. Scores (:func:`ctuq.bench.scores.score`)
+    of the Laplace posterior std alone (``posterior``) and of the total std
+    (``total``): ±1/2/3σ coverage, log-likelihood, PSNR.
+    """
+    import ctuq
+    from ctuq.bench.cases import sinogram
+    from ctuq.bench.scores import score
+    from ctuq.recon.config import ReconstructionConfig
+
+    scan = simulate(case, offset=0)
+    config = ReconstructionConfig(seed=case["index"], device="cpu", threads=1, dip=changes,
+                                  uncertainty=uncertainty or {})
+    t0 = time.perf_counter()
+    result = ctuq.reconstruct(sinogram(scan, with_truth=False), config)
+    keep = ("psnr", "ssim", "coverage_1", "coverage_2", "coverage_3", "pixel_log_likelihood",
+            "mean_std", "coverage_2_edges")
+    x_hat = result.reconstruction
+    return {"case": case["id"], "family": case["family"], "size": case["size"],
+            "condition": case["condition"], "changes": changes,
+            "uncertainty": uncertainty or {}, "time_s": time.perf_counter() - t0,
+            "posterior": {k: v for k, v in score(scan.truth, x_hat, result.posterior_std).items()
+                          if k in keep},
+            "total": {k: v for k, v in score(scan.truth, x_hat, result.std).items()
+                      if k in keep}}

@@ -45,7 +45,8 @@ from ctuq.errors import Cancelled, InputError
 from ctuq.fields import setting, validate
 from ctuq.models.unet import UNet, UNetConfig, build_unet, preset_name_for_size, unet_preset
 from ctuq.recon.baselines import total_variation
-from ctuq.recon.presets import DIP_DEFAULTS
+from ctuq.recon.presets import DIP_DEFAULTS, WARM_START_DEFAULTS
+from ctuq.recon.warm_start import check_warm_start, resolve_warm_start
 from ctuq.progress import emit_progress
 
 __all__ = [
@@ -146,6 +147,13 @@ class DIPConfig:
     init_weights : str or None
         Warm start from a weights file written by :func:`save_weights`
         (architecture must match). Default None (random initialisation).
+    warm_start : str
+        The educated warm start (:mod:`ctuq.recon.warm_start`): ``'none'``,
+        ``'shipped'`` (the preset's pretrained weights shipped with ctuq) or
+        a weights file. :meth:`preset_defaults` then applies the preset's
+        warm-start learning rate and iterations
+        (:data:`ctuq.recon.presets.WARM_START_DEFAULTS`) unless given.
+        Exclusive with ``init_weights``. Default ``'none'``.
     dropout : float
         Dropout2d probability after every 3×3 conv (MC dropout). Default 0.
     loss : {'gaussian', 'poisson'}
@@ -190,6 +198,8 @@ class DIPConfig:
     loss: str = setting("gaussian", kind=str, choices=DIP_LOSSES,
                         doc="Data term: gaussian (weighted least squares) or poisson "
                             "(count data).")
+    warm_start: str = setting("none", kind=str, check=check_warm_start,
+                              doc="Warm start: none, shipped (pretrained) or a weights file.")
 
     def __post_init__(self):
         if isinstance(self.unet, dict):
@@ -200,13 +210,19 @@ class DIPConfig:
                 unet_preset(self.preset)  # validates the name
             except InputError as err:
                 raise InputError(err.message, field="dip.preset") from None
+        if self.init_weights and self.warm_start != "none":
+            raise InputError("give either init_weights or warm_start, not both",
+                             field="dip.warm_start")
 
     # -- constructors ---------------------------------------------------------
     @classmethod
     def preset_defaults(cls, name: str, **changes) -> "DIPConfig":
         """The measured defaults of preset ``name`` (:data:`ctuq.recon.presets.DIP_DEFAULTS`)."""
         unet_preset(name)
-        return cls(preset=name, **{**DIP_DEFAULTS.get(name, {}), **changes})
+        defaults = dict(DIP_DEFAULTS.get(name, {}))
+        if check_warm_start(changes.get("warm_start", "none")) != "none":
+            defaults.update(WARM_START_DEFAULTS.get(name, {}))
+        return cls(preset=name, **{**defaults, **changes})
 
     @classmethod
     def for_image_size(cls, image_size, **changes) -> "DIPConfig":
@@ -246,6 +262,12 @@ class DIPConfig:
         sigma = float(noise_std) if noise_std is not None else estimate_noise_std(
             torch.as_tensor(y).reshape(op.geometry.range_shape).cpu())
         return float(self.tv_weight_factor) * sigma * rms_column_norm(op)
+
+    def weights_file(self) -> str | None:
+        """The file the fit starts from: :attr:`init_weights`, else :attr:`warm_start`'s, else None."""
+        if self.init_weights:
+            return self.init_weights
+        return resolve_warm_start(self.warm_start, self.preset)
 
     def to_dict(self) -> dict:
         """Plain-dict form for result files (the architecture spelled out)."""
@@ -544,10 +566,11 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
     gamma = config.resolve_tv_weight(y_t, op, noise_std)
 
     model = build_unet(config.unet_config(), seed=config.seed, device="cpu")
-    if config.init_weights:
-        load_weights(model, config.init_weights)
-        log.info("DIP warm start from %s", config.init_weights)
-    if init_state is not None:
+    weights = config.weights_file()
+    if weights:
+        load_weights(model, weights)
+        log.info("DIP warm start from %s", weights)
+    if init_state is not None:  # a continued fit (the shared held-out fit's weights)
         model.load_state_dict(init_state)
     model = model.to(device)
     if net_input is None:
