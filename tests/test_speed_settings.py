@@ -95,13 +95,14 @@ def test_short_heldout_fit_runs_its_share_and_never_sees_the_held_out_rows(monke
     var = torch.full((16, 16), 1e-4, dtype=torch.float64)
     term = HeldoutTerm(UncertaintyConfig(heldout_iterations=0.5, heldout_every=4,
                                          heldout_min_out=0, heldout_prior_width=0), "x")
-    problem = SimpleNamespace(y=toy.y, op=toy.op)
+    noise = SimpleNamespace(ray_variance=None)  # the scalar noise model
+    problem = SimpleNamespace(y=toy.y, op=toy.op, noise=noise)
     monkeypatch.setattr(dip_module, "fit_dip", watched)
     coeffs, v = term.compute(problem, fit, var, toy.noise_std**2)
     y2 = toy.y.clone()
     mask = ho.heldout_split(12, 4)
     y2[torch.as_tensor(mask)] += 10.0  # change only what is left out
-    term.compute(SimpleNamespace(y=y2, op=toy.op), fit, var, toy.noise_std**2)
+    term.compute(SimpleNamespace(y=y2, op=toy.op, noise=noise), fit, var, toy.noise_std**2)
     (it1, y_in1), (it2, y_in2) = seen
     assert it1 == it2 == 10 and torch.equal(y_in1, y_in2)  # the kept rows only
     assert v.shape == (16, 16) and torch.isfinite(v).all()
@@ -134,7 +135,7 @@ def test_dip_from_heldout_continues_from_the_held_out_fit_which_never_saw_its_ro
 
     monkeypatch.setattr(dip_module, "fit_dip", watched)
     problem = SimpleNamespace(y=toy.y, op=toy.op, dip=cfg, uncertainty=unc,
-                              noise=SimpleNamespace(std=toy.noise_std))
+                              noise=SimpleNamespace(std=toy.noise_std, ray_variance=None))
     term = HeldoutTerm(unc, "x")
     fit = dip_fit(problem, term)
     (it_held, rows_held, init_held, held), (it_all, rows_all, init_all, main) = calls

@@ -42,15 +42,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ctuq.bench.cases import CASE_FIELDS, case_spec, simulate, sinogram
-from ctuq.bench.runner import clean, read_case_file, repo_relative
+from ctuq.bench.cases import CASE_FIELDS, case_spec, realistic_record, simulate, sinogram
+from ctuq.bench.runner import clean, parse_variant, read_case_file, repo_relative
 from ctuq.bench.scores import score
 from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT
 
 log = logging.getLogger("ctuq.bench.calibration")
 
 __all__ = ["CalibrationRun", "LABELS", "reconstruction_config", "result_methods",
-           "total_variance", "run_case", "parse_variant", "add_ivon", "rescore", "summarize", "default_method",
+           "total_variance", "run_case", "parse_variant", "add_ivon", "rescore", "summarize",
+           "default_method",
            "carry_methods", "carried_note", "read_case_file", "case_spec", "CASE_FIELDS"]
 
 LABELS = {"fbp": "FBP, residual variance", "mc_dropout": "MC-dropout DIP",
@@ -273,7 +274,7 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
         config = reconstruction_config(case, run, settings, **unc)
         result = ctuq.reconstruct(sino, config)
         if scan.hidden is not None:
-            out.setdefault("realistic", {})[suffix or "default"] = _realistic_record(
+            out.setdefault("realistic", {})[suffix or "default"] = realistic_record(
                 scan, result)
         r = result_methods(result, truth, calibration, suffix)
         for key in ("methods", "coefficients", "times_s"):
@@ -303,50 +304,6 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
         times["mc_dropout"] = mc.wall_time
         m["mc_dropout"] = score(truth, mc.mean, mc.std)
     return clean(out)
-
-
-def parse_variant(text: str) -> tuple[str, dict]:
-    """A ``--variant`` of the script: ``NAME:key=value,...`` → ``("_NAME", settings)``.
-
-    Values are read as TOML scalars (``1e4``, ``true``, ``"x"``; a bare word
-    stays a string); dotted keys name tables (``dip.iterations=500``).
-    """
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib
-
-    name, _, pairs = text.partition(":")
-    settings: dict = {}
-    for pair in filter(None, pairs.split(",")):
-        key, _, value = pair.partition("=")
-        *tables, leaf = key.strip().split(".")
-        node = settings
-        for t in tables:
-            node = node.setdefault(t, {})
-        try:
-            node[leaf] = tomllib.loads(f"v = {value.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            node[leaf] = value.strip()
-    return "_" + name.strip(), settings
-
-
-def _realistic_record(scan, result) -> dict:
-    """What a realistic case hid and what ctuq made of it: the noise level it used
-    against the scan's true per-ray std, the consistency verdict, and the centre
-    that ``center_offset = 'auto'`` would estimate against the hidden one."""
-    from ctuq.recon.consistency import auto_center
-
-    _, center, _ = auto_center(scan.sinogram)
-    diag = result.diagnostics or {}
-    true_offset = float(scan.hidden.get("center_offset", 0.0))
-    return {"noise_std_used": float(result.config["noise_std"]),
-            "noise_std_known": bool(result.config.get("noise_std_known", False)),
-            "noise_std_rms_true": scan.hidden.get("noise_std_rms"),
-            "center_offset_true": true_offset, "center_offset_auto": center["estimate"],
-            "center_auto_error": (None if center["estimate"] is None
-                                  else abs(center["estimate"] - true_offset)),
-            "chi2_dof": diag.get("chi2_dof"), "verdict": diag.get("verdict")}
 
 
 def _heldout_likelihood(scan, config, result, fits: dict):

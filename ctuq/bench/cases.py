@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 __all__ = ["CONDITIONS", "REALISTIC_CONDITIONS", "realistic_cases", "case_id", "calibration_cases", "fit_cases", "case_spec", "Scan",
-           "simulate", "sinogram", "CASE_FIELDS"]
+           "simulate", "sinogram", "realistic_record", "CASE_FIELDS"]
 
 #: The calibration benchmark's conditions per image size: (angles, relative noise).
 CONDITIONS = {64: [(30, 0.01), (30, 0.05), (60, 0.01), (60, 0.05)],
@@ -217,3 +217,21 @@ def sinogram(scan: Scan, with_truth: bool = True):
     return Sinogram(scan.y.detach().cpu().numpy(), scan.geometry,
                     meta={"noise_std": scan.sigma},
                     ground_truth=scan.truth if with_truth else None)
+
+
+def realistic_record(scan, result) -> dict:
+    """What a realistic case hid and what ctuq made of it: the noise level it used
+    against the scan's true per-ray std, the consistency verdict, and the centre
+    that ``center_offset = 'auto'`` would estimate against the hidden one."""
+    from ctuq.recon.consistency import auto_center
+
+    _, center, _ = auto_center(scan.sinogram)
+    diag = result.diagnostics or {}
+    true_offset = float(scan.hidden.get("center_offset", 0.0))
+    return {"noise_std_used": float(result.config["noise_std"]),
+            "noise_std_known": bool(result.config.get("noise_std_known", False)),
+            "noise_std_rms_true": scan.hidden.get("noise_std_rms"),
+            "center_offset_true": true_offset, "center_offset_auto": center["estimate"],
+            "center_auto_error": (None if center["estimate"] is None
+                                  else abs(center["estimate"] - true_offset)),
+            "chi2_dof": diag.get("chi2_dof"), "verdict": diag.get("verdict")}

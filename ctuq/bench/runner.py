@@ -30,7 +30,7 @@ import numpy as np
 log = logging.getLogger("ctuq.bench")
 
 __all__ = ["clean", "dump_json", "read_cases", "append_case", "run_resumable",
-           "read_case_file", "repo_relative"]
+           "read_case_file", "repo_relative", "parse_variant"]
 
 
 def clean(o):
@@ -171,3 +171,29 @@ def repo_relative(path, root=None) -> str:
     root = Path(root).resolve() if root else Path(__file__).resolve().parents[2]
     p = Path(path).resolve()
     return str(p.relative_to(root)) if p.is_relative_to(root) else str(path)
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """A ``--variant`` of the script: ``NAME:key=value,...`` → ``("_NAME", settings)``.
+
+    Values are read as TOML scalars (``1e4``, ``true``, ``"x"``; a bare word
+    stays a string); dotted keys name tables (``dip.iterations=500``).
+    """
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    name, _, pairs = text.partition(":")
+    settings: dict = {}
+    for pair in filter(None, pairs.split(",")):
+        key, _, value = pair.partition("=")
+        *tables, leaf = key.strip().split(".")
+        node = settings
+        for t in tables:
+            node = node.setdefault(t, {})
+        try:
+            node[leaf] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            node[leaf] = value.strip()
+    return "_" + name.strip(), settings

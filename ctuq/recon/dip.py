@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
@@ -47,6 +46,7 @@ from ctuq.models.unet import UNet, UNetConfig, build_unet, preset_name_for_size,
 from ctuq.recon.baselines import total_variation
 from ctuq.recon.presets import DIP_DEFAULTS, WARM_START_DEFAULTS
 from ctuq.recon.warm_start import check_warm_start, resolve_warm_start
+from ctuq.recon.weights_file import WEIGHTS_FORMAT, load_weights, save_weights  # noqa: F401
 from ctuq.progress import emit_progress
 
 __all__ = [
@@ -65,7 +65,6 @@ log = logging.getLogger(__name__)
 #: The data terms of :func:`dip_tv_loss` (``dip.loss``).
 DIP_LOSSES = ("gaussian", "poisson")
 
-WEIGHTS_FORMAT = "ctuq-unet-weights"
 
 def check_device(value: str) -> str:
     """A device name that exists here: auto, cpu, cuda, cuda:N, mps (ValueError if not)."""
@@ -331,69 +330,6 @@ def resolve_device(device) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError("CUDA was requested but is not available", field="device")
     return dev
-
-
-def save_weights(model: UNet, path) -> None:
-    """Save a U-net's weights and architecture to ``path`` (``torch.save`` format).
-
-    The file holds ``{'format', 'unet', 'state_dict'}``; load it with
-    :func:`load_weights` or warm-start a fit with ``DIPConfig(init_weights=path)``.
-    """
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    payload = {
-        "format": WEIGHTS_FORMAT,
-        "unet": model.config.to_dict(),
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-    }
-    torch.save(payload, path)
-
-
-_ARCH_FIELDS = ("scales", "channels", "skip_channels", "use_sigmoid", "use_norm",
-                "in_channels", "out_channels")
-
-
-def load_weights(model: UNet, path) -> UNet:
-    """Load weights saved by :func:`save_weights` (or a bare state dict) into ``model``.
-
-    Dropout and the sigmoid clamp may differ between the file and ``model``;
-    everything else must match.
-
-    Raises
-    ------
-    InputError
-        If the file is missing, unreadable, or its architecture or tensors
-        do not match ``model``.
-    """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise InputError("no such weights file", file=path, field="init_weights")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is a user error
-        raise InputError(f"cannot read U-net weights ({exc.__class__.__name__}: {exc})",
-                         file=path, field="init_weights") from None
-    if isinstance(payload, dict) and payload.get("format") == WEIGHTS_FORMAT:
-        file_cfg = payload.get("unet", {})
-        ours = model.config.to_dict()
-        diff = [f"{k}: file {file_cfg.get(k)!r} vs model {ours[k]!r}"
-                for k in _ARCH_FIELDS if k in file_cfg and file_cfg[k] != ours[k]]
-        if diff:
-            raise InputError("U-net architecture does not match the weights file ("
-                             + "; ".join(diff) + ")", file=path, field="init_weights")
-        state = payload["state_dict"]
-    elif isinstance(payload, dict) and all(isinstance(v, Tensor) for v in payload.values()):
-        state = payload
-    else:
-        raise InputError("not a U-net weights file", file=path, field="init_weights")
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()
-        raise InputError("weights do not fit the U-net architecture: "
-                         + " ".join(s.strip() for s in first[:3]),
-                         file=path, field="init_weights") from None
-    return model
 
 
 def _as_sinogram(y, op, device) -> Tensor:
