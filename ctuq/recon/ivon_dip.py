@@ -410,9 +410,9 @@ def fit_ivon_dip(y, op, config: IVONDIPConfig | None = None, *,
             raise InputError("the DIP fit to start from has another U-net architecture",
                              field="dip_result") from None
         log.info("IVON-DIP starts from the Adam fit (best loss %.5g)", dip_result.best_loss)
-    elif dcfg.init_weights:
-        load_weights(model, dcfg.init_weights)
-        log.info("IVON-DIP warm start from %s", dcfg.init_weights)
+    elif dcfg.weights_file():  # init_weights, else the warm start's (dip.warm_start)
+        load_weights(model, dcfg.weights_file())
+        log.info("IVON-DIP warm start from %s", dcfg.weights_file())
     model = model.to(device)
     net_input = make_net_input(y_t, op, dcfg, device)
 
