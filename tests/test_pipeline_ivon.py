@@ -83,7 +83,8 @@ def test_ivon_from_toml_end_to_end(tmp_path, scan):
     assert {"psnr", "psnr_dip", "coverage_2sigma", "pixel_log_likelihood"} <= set(res.metrics)
     # the in-memory posterior draws fresh weight samples
     post = mem.posterior
-    assert isinstance(post, ivon_dip.IVONPosterior)
+    # the posterior of the normalised problem, in data units (ctuq.recon.scaling)
+    assert isinstance(post.inner, ivon_dip.IVONPosterior) and post.scale > 0
     draws = post.sample(4, seed=3)
     assert draws.shape == (4, 28, 28) and np.isfinite(draws).all()
     assert np.array_equal(draws, post.sample(4, seed=3))
