@@ -315,16 +315,21 @@ def _heldout_likelihood(scan, config, result, fits: dict):
     depend on the uncertainty settings that tell them apart).
     """
     from ctuq.recon import model_error as me
+    from ctuq.recon.problem import ReconstructionProblem
 
-    dip_cfg, unc = config.resolve(scan.truth.shape)
+    # the problem the reconstruction solved: the data divided by their scale
+    p = ReconstructionProblem.from_sinogram(sinogram(scan, with_truth=False), config)
+    unc = p.uncertainty
     key = (unc.heldout_every, unc.heldout_min_out)
     if key not in fits:
-        fits[key] = me.heldout_fit(scan.y, scan.op, dip_cfg, every=unc.heldout_every,
-                                   min_out=unc.heldout_min_out, noise_std=scan.sigma)
+        fits[key] = me.heldout_fit(p.y, p.op, p.dip, every=unc.heldout_every,
+                                   min_out=unc.heldout_min_out, noise_std=p.noise.std,
+                                   ray_variance=p.noise.ray_variance)
     mask, dip_in = fits[key]
     var_post = torch.as_tensor(np.asarray(result.posterior_std), dtype=torch.float64).square()
-    return me.heldout_likelihood(scan.op, scan.y, mask, dip_in.reconstruction.detach().cpu(),
-                                 var_post, scan.sigma ** 2)
+    return me.heldout_likelihood(p.op, p.y, mask, dip_in.reconstruction.detach().cpu(),
+                                 var_post / p.scale ** 2, p.noise.variance,
+                                 ray_variance=p.noise.ray_variance)
 
 
 def _ivon(case: dict, run: CalibrationRun, scan, sino, row: dict) -> dict:

@@ -224,6 +224,10 @@ def to_data_units(state) -> None:
         trace=[_scale_sigma2(t, s2) if isinstance(t, dict) else t for t in out.trace],
         summary={**out.summary, "data_scale": s})
     state.model_error = replace(state.model_error, variance=state.model_error.variance * s2)
+    if state.consistency is not None:  # its noise levels too (the residual is unitless)
+        state.consistency = {**state.consistency, **{
+            k: float(state.consistency[k]) * s2 for k in ("noise_var", "noise_var_method")
+            if isinstance(state.consistency.get(k), (int, float))}}
     state.problem = replace(p, sinogram=p.data_sinogram, y=p.y * s,
                             # the problem's own noise-model type (no import of problem here)
                             noise=replace(p.noise, std=float(p.noise.std) * s))
