@@ -42,7 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ctuq.bench.cases import CASE_FIELDS, case_spec, realistic_record, simulate, sinogram
+from ctuq.bench.cases import (CASE_FIELDS, auto_center_record, case_spec, realistic_record,
+                              simulate, sinogram)
 from ctuq.bench.runner import clean, parse_variant, read_case_file, repo_relative
 from ctuq.bench.scores import score
 from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT
@@ -268,14 +269,16 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
 
     calibration = _calibration(run, preset)
     arrays, heldout_fits = {"truth": truth}, {}
+    center = None
     variants = [("_predcp" if p else "", None, {"predcp": p}) for p in run.predcp_variants]
     variants += [(suffix, settings, {"predcp": False}) for suffix, settings in run.variants]
     for suffix, settings, unc in variants:
         config = reconstruction_config(case, run, settings, **unc)
         result = ctuq.reconstruct(sino, config)
         if scan.hidden is not None:
+            center = center or auto_center_record(scan)  # the scan's, once for its variants
             out.setdefault("realistic", {})[suffix or "default"] = realistic_record(
-                scan, result)
+                scan, result, center)
         r = result_methods(result, truth, calibration, suffix)
         for key in ("methods", "coefficients", "times_s"):
             out[key].update(r[key])

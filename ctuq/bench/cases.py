@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["CONDITIONS", "REALISTIC_CONDITIONS", "realistic_cases", "case_id", "calibration_cases", "fit_cases", "case_spec", "Scan",
-           "simulate", "sinogram", "realistic_record", "CASE_FIELDS"]
+__all__ = ["CONDITIONS", "REALISTIC_CONDITIONS", "realistic_cases", "case_id",
+           "calibration_cases", "fit_cases", "case_spec", "Scan", "simulate", "sinogram",
+           "realistic_record", "auto_center_record", "CASE_FIELDS"]
 
 #: The calibration benchmark's conditions per image size: (angles, relative noise).
 CONDITIONS = {64: [(30, 0.01), (30, 0.05), (60, 0.01), (60, 0.05)],
@@ -219,13 +220,19 @@ def sinogram(scan: Scan, with_truth: bool = True):
                     ground_truth=scan.truth if with_truth else None)
 
 
-def realistic_record(scan, result) -> dict:
-    """What a realistic case hid and what ctuq made of it: the noise level it used
-    against the scan's true per-ray std, the consistency verdict, and the centre
-    that ``center_offset = 'auto'`` would estimate against the hidden one."""
+def auto_center_record(scan) -> dict:
+    """The centre that ``center_offset = 'auto'`` estimates from a realistic scan
+    (:func:`ctuq.recon.consistency.auto_center`'s record): one per scan."""
     from ctuq.recon.consistency import auto_center
 
-    _, center, _ = auto_center(scan.sinogram)
+    return auto_center(scan.sinogram)[1]
+
+
+def realistic_record(scan, result, center: dict) -> dict:
+    """What a realistic case hid and what ctuq made of it: the noise level it used
+    against the scan's true per-ray std, the consistency verdict, and the centre
+    that ``center_offset = 'auto'`` estimated (``center``, :func:`auto_center_record`)
+    against the hidden one."""
     diag = result.diagnostics or {}
     true_offset = float(scan.hidden.get("center_offset", 0.0))
     return {"noise_std_used": float(result.config["noise_std"]),
