@@ -106,7 +106,7 @@ class NoiseModel:
         """
         from ctuq.errors import InputError
 
-        name = getattr(config, "noise_model", "gaussian")
+        name = config.noise_model
         var = sinogram.variance
         given = config.noise_std if noise_std is None else noise_std
         if name == "gaussian" or (name == "auto" and var is None):
@@ -119,8 +119,7 @@ class NoiseModel:
         var = torch.as_tensor(var, dtype=torch.float64)
         mean = float(var.mean())
         sigma = float(given) if given is not None else mean ** 0.5
-        known = given is not None or getattr(config, "counts_scale",
-                                                        "known") == "known"
+        known = given is not None or config.counts_scale == "known"
         v = (var / mean).to(torch.float32).reshape(y.shape).to(y.device)
         return cls(sigma, known, v, "counts")
 
@@ -218,7 +217,7 @@ class ReconstructionProblem:
         check_representable(y, op, file=src)
         dip_cfg = method.adapt_dip(dip_cfg)
         noise_std, scale, original, data_dip = config.noise_std, 1.0, None, None
-        if getattr(config, "normalize", False):
+        if config.normalize:
             scale = data_scale(y, op)
             if not (scale > 0 and math.isfinite(scale)):
                 raise InputError(f"the data have no usable scale (s = {scale:.3g}): their "

@@ -28,7 +28,7 @@ def dip_fit(problem, term=None, *, progress=None, cancel=None):
     """
     from ctuq.recon.dip import fit_dip
 
-    share = float(getattr(problem.uncertainty, "dip_from_heldout", 0.0) or 0.0)
+    share = float(problem.uncertainty.dip_from_heldout)
     first = getattr(term, "fit_first", None)
     if share <= 0 or first is None:
         return fit_dip(problem.y, problem.op, problem.dip, noise_std=problem.noise.std,

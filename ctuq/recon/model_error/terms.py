@@ -208,15 +208,14 @@ class HeldoutTerm(ModelErrorTerm):
 
     def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
         s = self.settings
-        v = getattr(problem.noise, "ray_variance", None)  # the count noise model's
+        v = problem.noise.ray_variance  # the count noise model's (None: every ray alike)
         first = getattr(self, "_first", None)
         if first is not None:  # made before the fit on all angles (fit_first)
             mask, dip_in = first
         else:  # the DIP settings of the run (a resumed run's continued fit has fewer iterations)
-            base = problem.dip if getattr(s, "dip_from_heldout", 0) > 0 else fit.config
+            base = problem.dip if s.dip_from_heldout > 0 else fit.config
             mask, dip_in = heldout_fit(problem.y, problem.op,
-                                       heldout_config(base, getattr(s, "heldout_iterations",
-                                                                    1.0)),
+                                       heldout_config(base, s.heldout_iterations),
                                        every=s.heldout_every, min_out=s.heldout_min_out,
                                        noise_std=math.sqrt(noise_var), ray_variance=v,
                                        progress=progress, cancel=cancel)
