@@ -18,6 +18,7 @@ Usage::
 
     python scripts/bench_speed.py > benchmarks/results/bench_speed.json
     python scripts/bench_speed.py --sizes 64,128,512
+    python scripts/bench_speed.py --device cuda --sizes 64,128,256,512 --no-demo --no-side-by-side
     python scripts/bench_speed.py --compare --sizes 64 --cases 3 > benchmarks/results/speed_settings.json
     python scripts/bench_speed.py --sizes 16 --settings '{"dip": {"iterations": 5}}' --demo-size 16
 """
@@ -42,6 +43,9 @@ def main(argv=None) -> int:
     ap.add_argument("--demo-angles", type=int, default=None, help="ctuq demo --angles")
     ap.add_argument("--side-size", type=int, default=None,
                     help="image side of the side-by-side runs (default: the first size)")
+    ap.add_argument("--device", default=None,
+                    help="cuda: every run on the GPU, judged by the GPU targets")
+    ap.add_argument("--no-side-by-side", action="store_true", help="skip the side-by-side runs")
     ap.add_argument("--compare", action="store_true",
                     help="time the setting variants on validation scans instead")
     ap.add_argument("--variants", default=None,
@@ -57,7 +61,8 @@ def main(argv=None) -> int:
         demo_args = {k: v for k, v in (("size", args.demo_size), ("angles", args.demo_angles))
                      if v is not None}
         doc = speed_benchmark(sizes, settings=settings, demo=not args.no_demo,
-                              demo_args=demo_args or None, side_size=args.side_size)
+                              demo_args=demo_args or None, side_size=args.side_size,
+                              device=args.device, side=not args.no_side_by_side)
     doc["script"] = "scripts/bench_speed.py"
     doc["argv"] = sys.argv[1:] if argv is None else list(argv)
     dump_json(doc)

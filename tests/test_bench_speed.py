@@ -75,3 +75,54 @@ def test_script_at_16_pixels_gives_one_json_document():
                                            / sb["alone"]["wall_s"])
     assert doc["machine"]["cpu_count"] >= 1 and isinstance(doc["quiet"], bool)
     assert len(doc["load_start"]) == 3
+
+
+def test_device_run_is_judged_by_the_gpu_targets_and_skips_what_was_not_asked(monkeypatch):
+    import ctuq.bench.speed as speed
+
+    seen = []
+
+    def fake(spec):  # the child process's record, without running a reconstruction
+        seen.append(spec)
+        return {"wall_s": 50.0, "total_over_dip": 2.0, "load_before": [0.1] * 3,
+                "load_after": [0.1] * 3, "size": spec["args"]["size"]}
+
+    monkeypatch.setattr(speed, "in_process", fake)
+    doc = speed.speed_benchmark([256, 512], settings={"dip": {"iterations": 4}},
+                                device="cpu", demo=False, side=False)
+    # "cpu" named explicitly: the CPU targets (none at 256²), the device in every run
+    assert [r["within_target"] for r in doc["sizes"]] == [None, True]
+    assert all(s["args"]["settings"] == {"dip": {"iterations": 4}, "device": "cpu"}
+               for s in seen)
+    assert "side_by_side" not in doc and "demo" not in doc
+    import ctuq.bench.machine as machine_mod
+    monkeypatch.setattr(machine_mod, "machine", lambda device="cpu": {"device": str(device)})
+    doc = speed.speed_benchmark([256, 512], device="cuda", demo=False, side=False)
+    assert doc["targets_s"]["256"] == speed.TARGETS_GPU_S[256]
+    assert [r["within_target"] for r in doc["sizes"]] == [True, True]  # 50 s ≤ 60 s, ≤ 300 s
+    assert doc["machine"]["device"] == "cuda"
+
+
+def test_others_cpu_is_the_machines_busy_time_less_our_own(monkeypatch):
+    import ctuq.bench.speed as speed
+
+    clock = iter([10.0, 12.0])          # 2 s of wall time
+    busy = iter([100.0, 105.0])         # the machine: 5 CPU seconds busy
+    own = iter([7.0, 10.0])             # we and our children: 3 of them
+    monkeypatch.setattr(speed.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(speed, "_busy_cpu_s", lambda: next(busy))
+    monkeypatch.setattr(speed, "_own_cpu_s", lambda: next(own))
+    with speed._OthersCPU() as others:
+        pass
+    assert others.cores == pytest.approx(1.0)  # (5 − 3) / 2
+
+
+def test_own_cpu_counts_a_finished_child():
+    from ctuq.bench.speed import _busy_cpu_s, _own_cpu_s
+
+    before = _own_cpu_s()
+    subprocess.run([sys.executable, "-c", "import time\nt=time.process_time()\n"
+                    "while time.process_time()-t<0.5: pass"], check=True)
+    assert _own_cpu_s() - before >= 0.45
+    busy = _busy_cpu_s()
+    assert busy is None or busy > 0

@@ -19,7 +19,10 @@ variants and reports seconds per stage, mean std and ±2σ coverage of each
 (the evidence behind the speed settings, docs/speed.md).
 
 Timings are only comparable on a quiet machine: every run records
-``os.getloadavg()`` before and after it.
+``os.getloadavg()`` before and after it, and ``others_cores``, the CPU time
+that *other* processes used while it ran (the machine's busy time from
+``/proc/stat`` less the run's own processes'), in cores; the run's own
+threads raise the load average, so the load alone cannot tell.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["SCAN", "SPEED_VARIANTS", "validation_scans", "TARGETS_S", "one_run", "demo_run", "side_by_side", "compare_settings",
+__all__ = ["SCAN", "SPEED_VARIANTS", "validation_scans", "TARGETS_S", "TARGETS_GPU_S", "one_run", "demo_run", "side_by_side", "compare_settings",
            "speed_benchmark", "toml_text", "child_run", "in_process", "merge_settings", "mc_summary"]
 
 #: The scan of a timed run: an image of the validation split simulated as the
@@ -43,6 +46,9 @@ SCAN = {"split": "validation", "family": "ellipses", "index": 0, "n_angles": 60,
 #: Targets per image size (seconds of one default run; ``demo``: ``ctuq demo``).
 TARGETS_S = {64: 20.0, 128: 90.0, 512: 1200.0, "demo": 20.0, "total_over_dip": 2.5,
              "side_by_side_over_alone": 2.5}
+
+#: Targets on a GPU (seconds of one default run, end to end).
+TARGETS_GPU_S = {256: 60.0, 512: 300.0, "total_over_dip": 2.5}
 
 
 #: The setting variants :func:`compare_settings` runs by default: the reference
@@ -71,6 +77,48 @@ def validation_scans(n: int, n_angles: int = 60, noise: float = 0.05) -> list[di
     fams = FAMILIES["validation"]
     return [{"split": "validation", "family": fams[i % len(fams)], "index": i // len(fams),
              "n_angles": n_angles, "noise": noise} for i in range(int(n))]
+
+
+#: A run is quiet when other processes used less than this many cores meanwhile.
+QUIET_OTHERS_CORES = 0.25
+
+
+def _busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine spent busy since boot (``/proc/stat``), or None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:  # pragma: no cover - not Linux
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+class _OthersCPU:
+    """Measures the cores other processes used during a ``with`` block.
+
+    ``cores``: (machine busy CPU seconds − this process's and its waited-for
+    children's CPU seconds) / wall seconds; None where ``/proc/stat`` is missing.
+    """
+
+    def __enter__(self):
+        self._t, self._busy, self._own = time.perf_counter(), _busy_cpu_s(), _own_cpu_s()
+        self.cores = None
+        return self
+
+    def __exit__(self, *exc):
+        busy = _busy_cpu_s()
+        if busy is not None and self._busy is not None:
+            wall = max(time.perf_counter() - self._t, 1e-9)
+            self.cores = max(0.0, (busy - self._busy) - (_own_cpu_s() - self._own)) / wall
+        return False
 
 
 def _load() -> list[float] | None:
@@ -123,10 +171,18 @@ def one_run(size: int, settings: dict | None = None, scan: dict | None = None,
         given = merge_settings(given, {"uncertainty": {"stored_samples": 100_000}})
     cfg = ctuq.ReconstructionConfig.from_dict({**given,
                                                **({"threads": threads} if threads else {})})
+    cuda = str(cfg.device).startswith("cuda")
+    if cuda:
+        import torch
+        torch.cuda.reset_peak_memory_stats()
     load_before = _load()
     t0 = time.perf_counter()
     res = ctuq.reconstruct(data, cfg)
     wall = time.perf_counter() - t0
+    gpu = {}
+    if cuda:
+        gpu = {"gpu": torch.cuda.get_device_name(),
+               "gpu_peak_allocated_gib": torch.cuda.max_memory_allocated() / 1024**3}
     stages = res.provenance["stages"]
     sec = stages["seconds"]
     m = res.metrics
@@ -134,12 +190,13 @@ def one_run(size: int, settings: dict | None = None, scan: dict | None = None,
             "wall_s": wall, "stages": stages,
             "total_over_dip": sec["total"] / sec["dip"] if sec.get("dip") else None,
             "threads": res.provenance.get("threads"),
+            "threads_range": res.provenance.get("threads_range"),
             "mean_std": float(np.mean(res.std)),
             "mean_posterior_std": float(np.mean(res.posterior_std)),
             "mean_model_error_std": float(np.mean(res.model_error_std)),
             "coverage_2sigma": float(m["coverage_2sigma"]), "psnr": float(m["psnr"]),
             "em_steps": (res.hyperparameters or {}).get("em_steps"),
-            "load_before": load_before, "load_after": _load(),
+            "load_before": load_before, "load_after": _load(), **gpu,
             **({"mc": mc_summary(res)} if mc else {})}
 
 
@@ -207,8 +264,14 @@ def _finish(proc: subprocess.Popen) -> dict:
 
 
 def in_process(spec: dict) -> dict:
-    """:func:`child_run` in a fresh Python process (stderr passes through)."""
-    return _finish(_start(spec))
+    """:func:`child_run` in a fresh Python process (stderr passes through).
+
+    The record gains ``others_cores`` (:class:`_OthersCPU`).
+    """
+    with _OthersCPU() as others:
+        row = _finish(_start(spec))
+    row["others_cores"] = others.cores
+    return row
 
 
 def toml_text(settings: dict) -> str:
@@ -267,9 +330,11 @@ def side_by_side(size: int, settings: dict | None = None, copies: int = 2) -> di
     """
     spec = {"kind": "run", "args": {"size": size, "settings": settings}}
     alone = in_process(spec)
-    procs = [_start(spec) for _ in range(copies)]
-    together = [_finish(p) for p in procs]
+    with _OthersCPU() as others:
+        procs = [_start(spec) for _ in range(copies)]
+        together = [_finish(p) for p in procs]
     return {"size": size, "copies": copies, "alone": alone, "together": together,
+            "others_cores": others.cores,
             "slowdown": max(r["wall_s"] for r in together) / alone["wall_s"]}
 
 
@@ -347,7 +412,8 @@ def merge_settings(base: dict, changes: dict) -> dict:
 
 
 def speed_benchmark(sizes=(64, 128), *, settings: dict | None = None, demo: bool = True,
-                    demo_args: dict | None = None, side_size: int | None = None) -> dict:
+                    demo_args: dict | None = None, side_size: int | None = None,
+                    device: str | None = None, side: bool = True) -> dict:
     """The speed benchmark's document (docs/speed.md).
 
     Parameters
@@ -362,44 +428,70 @@ def speed_benchmark(sizes=(64, 128), *, settings: dict | None = None, demo: bool
         :func:`demo_run`'s ``size``/``angles`` (default the demo's own).
     side_size : int, optional
         Image side of the side-by-side check. Default the first size.
+    device : str, optional
+        ``'cuda'``: every run on the GPU, judged by :data:`TARGETS_GPU_S`, the
+        card and its peak memory recorded. Default None (the settings' device,
+        i.e. the CPU targets).
+    side : bool
+        Run the side-by-side check. Default True.
 
     Returns
     -------
     dict
         ``machine``, ``scan``, ``targets_s``, ``sizes`` (one :func:`one_run`
         record each, with ``within_target``), ``demo``, ``side_by_side``,
-        ``load_start`` / ``load_end`` and ``quiet`` (the 1-minute load stayed
-        below 1 before and after every run: only then are the timings quotable).
+        ``load_start`` / ``load_end`` and ``quiet`` (other processes used
+        less than :data:`QUIET_OTHERS_CORES` cores during every run, each
+        run's ``others_cores``; without ``/proc/stat``, the 1-minute load
+        stayed below 1: only then are the timings quotable).
     """
     from ctuq.bench.machine import machine
 
     sizes = [int(s) for s in sizes]
-    doc = {"machine": machine(), "scan": {**SCAN, "note": "validation split, simulated as "
+    if device:
+        settings = merge_settings(settings or {}, {"device": device})
+    on_gpu = str((settings or {}).get("device", "")).startswith("cuda")
+    targets = TARGETS_GPU_S if on_gpu else TARGETS_S
+    doc = {"machine": machine(device or "cpu"), "scan": {**SCAN, "note": "validation split, simulated as "
                                           "the test split's scans (ctuq.bench.cases.simulate)"},
-           "targets_s": {str(k): v for k, v in TARGETS_S.items()},
+           "targets_s": {str(k): v for k, v in targets.items()},
            "settings": settings or {}, "load_start": _load(), "sizes": []}
     for size in sizes:
         print(f"speed: {size}² ...", file=sys.stderr, flush=True)
         row = in_process({"kind": "run", "args": {"size": size, "settings": settings}})
-        target = TARGETS_S.get(size)
+        target = targets.get(size)
         row["within_target"] = None if target is None else bool(row["wall_s"] <= target)
         row["ratio_within_target"] = (row["total_over_dip"] is not None and
-                                      row["total_over_dip"] <= TARGETS_S["total_over_dip"])
+                                      row["total_over_dip"] <= targets["total_over_dip"])
         doc["sizes"].append(row)
     if demo:
         print("speed: ctuq demo ...", file=sys.stderr, flush=True)
         d = in_process({"kind": "demo", "args": {**(demo_args or {}), "settings": settings}})
         d["within_target"] = bool(d["wall_s"] <= TARGETS_S["demo"]) if not demo_args else None
         doc["demo"] = d
-    if sizes:
+    if sizes and side:
         print("speed: side by side ...", file=sys.stderr, flush=True)
         sb = side_by_side(side_size or sizes[0], settings)
         sb["within_target"] = bool(sb["slowdown"] <= TARGETS_S["side_by_side_over_alone"])
         doc["side_by_side"] = sb
     doc["load_end"] = _load()
-    loads = [r for r in _all_loads(doc) if r is not None]
-    doc["quiet"] = bool(loads) and max(v[0] for v in loads) < 1.0
+    others = [v for v in _all_others(doc) if v is not None]
+    if others:
+        doc["quiet"] = max(others) < QUIET_OTHERS_CORES
+    else:  # no /proc/stat: the load average before every run
+        loads = [r for r in _all_loads(doc) if r is not None]
+        doc["quiet"] = bool(loads) and max(v[0] for v in loads) < 1.0
     return doc
+
+
+def _all_others(doc: dict):
+    for row in doc["sizes"]:
+        yield row.get("others_cores")
+    if "demo" in doc:
+        yield doc["demo"].get("others_cores")
+    if "side_by_side" in doc:
+        yield doc["side_by_side"]["alone"].get("others_cores")
+        yield doc["side_by_side"].get("others_cores")
 
 
 def _all_loads(doc: dict):

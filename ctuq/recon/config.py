@@ -16,7 +16,7 @@ TOML layout (every key optional)::
                              # raw counts data) | auto (counts when the data carry it)
     counts_scale = "known"   # counts: σ² from the counts (known) or learned by the EM
     normalize = true         # run on the data divided by their scale (any unit; ctuq.recon.scaling)
-    threads = 1              # torch CPU threads (default: the cores no other process is busy on; Dask workers: 1)
+    threads = 1              # torch CPU threads (default: the cores no other process is busy on, re-read during the run; Dask workers: 1)
 
     [dip]                    # any DIPConfig field
     iterations = 2000
@@ -453,8 +453,9 @@ class ReconstructionConfig:
     normalize: bool = setting(True, kind=bool,
                               doc="Reconstruct the data divided by their scale (any unit).")
     threads: int | None = setting(None, kind=int, minimum=1, maximum=4096,
-                                  doc="torch CPU threads (default: the free cores; a Dask worker "
-                                      "gets 1). Equal counts give bit-identical results.")
+                                  doc="torch CPU threads (default: the free cores, re-read "
+                                      "during the run; a Dask worker gets 1). A pinned count "
+                                      "gives bit-identical results.")
     dip: dict = setting(default_factory=dict, kind=dict, doc="Overrides of DIPConfig fields.")
     uncertainty: dict = setting(default_factory=dict, kind=dict,
                                 doc="Overrides of UncertaintyConfig fields.")

@@ -65,7 +65,7 @@ from ctuq.recon.baselines import fbp_reconstruction
 from ctuq.recon.checkpoint import StageCheckpoints, checkpoint_folder
 from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
 from ctuq.recon.problem import ReconstructionProblem
-from ctuq.recon.provenance import provenance, torch_threads
+from ctuq.recon.provenance import ThreadGovernor, provenance, torch_threads
 from ctuq.recon.scaling import in_data_units
 from ctuq.recon.stages import StageRunner
 
@@ -261,11 +261,14 @@ def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, can
     keep_freed_memory()  # 2.6x faster Jacobian products at 512² on CPU (allocator.py)
     try:
         with torch_threads(config.threads) as threads:
+            # an unpinned count follows the free cores (another run may start meanwhile)
+            governor = None if config.threads else ThreadGovernor(threads)
+            prog = governor.wrap(progress) if governor else progress
             for i, sl in enumerate(slices):
                 check_cancel(cancel, "reconstruction")
                 outs.append(reconstruct_slice(
                     ReconstructionProblem.from_sinogram(sl, config),
-                    _slice_progress(progress, i, len(slices)), cancel, ckpt=ckpt, index=i))
+                    _slice_progress(prog, i, len(slices)), cancel, ckpt=ckpt, index=i))
     finally:
         give_back_memory()
     first = outs[0]
@@ -288,7 +291,7 @@ def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, can
                    for k in first["stages"]["counts"]},
         "slices": [o["stages"] for o in outs]}
     prov = provenance(device=first["device"], threads=threads, request=config.to_dict(),
-                      run_id=run_id)
+                      run_id=run_id, **(governor.record() if governor else {}))
     prov["stages"] = stages
     return Result(
         reconstruction=stack("mean"), std=stack("std"), variance=stack("variance"),

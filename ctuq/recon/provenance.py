@@ -43,7 +43,7 @@ def library_versions() -> dict[str, str]:
 
 
 def provenance(*, device, threads: int, request: dict | None = None,
-               run_id: str | None = None) -> dict:
+               run_id: str | None = None, **extra) -> dict:
     """The provenance record of a result (JSON-able).
 
     Parameters
@@ -56,6 +56,8 @@ def provenance(*, device, threads: int, request: dict | None = None,
         The requested settings (``ReconstructionConfig.to_dict()``).
     run_id : str, optional
         The batch run that wrote the result.
+    **extra
+        Further JSON-able fields (:meth:`ThreadGovernor.record`).
     """
     out = {"versions": library_versions(), "threads": int(threads), "device": str(device),
            "machine": platform.machine(), "system": platform.system(),
@@ -64,18 +66,36 @@ def provenance(*, device, threads: int, request: dict | None = None,
         out["request"] = request
     if run_id is not None:
         out["run_id"] = str(run_id)
+    out.update(extra)
     return out
 
 
-def free_cores(samples: int = 5, interval: float = 0.02) -> int:
+def own_running_threads() -> int:
+    """This process's threads that are running or runnable now (``/proc/self/task``)."""
+    n = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:  # pragma: no cover - not Linux
+        return 1
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                n += f.read().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):  # the thread ended meanwhile
+            continue
+    return max(n, 1)
+
+
+def free_cores(samples: int = 5, interval: float = 0.02, *, mid_run: bool = False) -> int:
     """CPU cores this process may use that no other process is busy on now.
 
     The cores of the process's affinity mask less the other runnable
     processes (``/proc/loadavg``'s running count, median of ``samples``
-    reads, the reader itself not counted); at least 1. torch's OpenMP threads
-    spin while they wait, so a run that takes every core of a busy machine
-    slows itself and the others far beyond a fair share. All cores where the
-    count cannot be read.
+    reads, the reader itself not counted; ``mid_run``: none of this
+    process's running threads counted, :func:`own_running_threads`); at least
+    1. torch's OpenMP threads spin while they wait, so a run that takes every
+    core of a busy machine slows itself and the others far beyond a fair
+    share. All cores where the count cannot be read.
     """
     try:
         cores = len(os.sched_getaffinity(0))
@@ -85,7 +105,8 @@ def free_cores(samples: int = 5, interval: float = 0.02) -> int:
     for i in range(samples):
         try:
             with open("/proc/loadavg") as f:
-                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+                running = int(f.read().split()[3].split("/")[0])
+            counts.append(running - (own_running_threads() if mid_run else 1))
         except (OSError, ValueError, IndexError):
             return cores
         if i + 1 < samples:
@@ -110,3 +131,60 @@ def torch_threads(n: int | None):
     finally:
         if torch.get_num_threads() != old:
             torch.set_num_threads(old)
+
+
+class ThreadGovernor:
+    """Keeps a run's torch thread count at the cores no other process is busy on.
+
+    Two runs started together both see every core free and take them all:
+    their OpenMP threads then spin against each other and each run slows
+    by 14× or more on 2 cores (docs/speed.md). The governor re-reads the
+    free cores (:func:`free_cores`, this process's own threads not counted)
+    at most every ``every_s`` seconds, when a stage reports progress, and
+    sets torch's thread count to them, between 1 and ``ceiling``; the count
+    goes back up when the other run ends. Only for runs whose thread count
+    was not pinned: a changing count changes the last bits of the numbers.
+
+    Parameters
+    ----------
+    ceiling : int
+        The most threads (the count chosen at the start).
+    every_s : float, optional
+        Seconds between two reads. Default :attr:`EVERY_S` (5).
+    """
+
+    EVERY_S = 5.0
+
+    def __init__(self, ceiling: int, every_s: float | None = None):
+        self.ceiling = int(ceiling)
+        self.every_s = float(self.EVERY_S if every_s is None else every_s)
+        self.low = self.high = self.ceiling
+        self.changes = 0
+        self._last = time.monotonic()
+
+    def rebalance(self) -> int:
+        """Re-read the free cores if ``every_s`` passed; returns the thread count."""
+        import torch
+
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            n = max(1, min(self.ceiling, free_cores(3, 0.01, mid_run=True)))
+            if n != torch.get_num_threads():
+                torch.set_num_threads(n)
+                self.changes += 1
+                self.low, self.high = min(self.low, n), max(self.high, n)
+        return torch.get_num_threads()
+
+    def wrap(self, progress):
+        """A progress callable that rebalances, then passes the event on to ``progress``."""
+        from ctuq.progress import emit_progress
+
+        def governed(event):
+            self.rebalance()
+            emit_progress(progress, event.stage, event.step, event.total, event.message)
+        return governed
+
+    def record(self) -> dict:
+        """What the provenance keeps: the range of thread counts and the changes."""
+        return {"threads_range": [self.low, self.high], "thread_changes": self.changes}
