@@ -74,6 +74,18 @@ def test_governor_follows_the_free_cores_down_and_back_up(monkeypatch):
         torch.set_num_threads(old)
 
 
+def test_governor_goes_above_a_busy_start_once_the_machine_frees(monkeypatch):
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)                      # the start found the machine busy
+    monkeypatch.setattr(provenance, "free_cores", lambda *a, **k: 4)
+    try:
+        gov = provenance.ThreadGovernor(2, every_s=0.0)  # torch's count before the run: 2
+        assert gov.rebalance() == 2                      # free cores 4, ceiling 2
+        assert gov.record() == {"threads_range": [1, 2], "thread_changes": 1}
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_an_unpinned_run_records_its_thread_range_and_it_survives_the_file(tmp_path, monkeypatch):
     import ctuq
     from ctuq.data.geometry import Geometry

@@ -260,9 +260,10 @@ def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, can
     outs = []
     keep_freed_memory()  # 2.6x faster Jacobian products at 512² on CPU (allocator.py)
     try:
+        ceiling = torch.get_num_threads()
         with torch_threads(config.threads) as threads:
             # an unpinned count follows the free cores (another run may start meanwhile)
-            governor = None if config.threads else ThreadGovernor(threads)
+            governor = None if config.threads else ThreadGovernor(ceiling)
             prog = governor.wrap(progress) if governor else progress
             for i, sl in enumerate(slices):
                 check_cancel(cancel, "reconstruction")

@@ -142,13 +142,14 @@ class ThreadGovernor:
     free cores (:func:`free_cores`, this process's own threads not counted)
     at most every ``every_s`` seconds, when a stage reports progress, and
     sets torch's thread count to them, between 1 and ``ceiling``; the count
-    goes back up when the other run ends. Only for runs whose thread count
-    was not pinned: a changing count changes the last bits of the numbers.
+    goes back up when the other run ends (also above a start that found the
+    machine busy). Only for runs whose thread count was not pinned: a
+    changing count changes the last bits of the numbers.
 
     Parameters
     ----------
     ceiling : int
-        The most threads (the count chosen at the start).
+        The most threads (torch's count before the run chose its own).
     every_s : float, optional
         Seconds between two reads. Default :attr:`EVERY_S` (5).
     """
@@ -156,9 +157,11 @@ class ThreadGovernor:
     EVERY_S = 5.0
 
     def __init__(self, ceiling: int, every_s: float | None = None):
+        import torch
+
         self.ceiling = int(ceiling)
         self.every_s = float(self.EVERY_S if every_s is None else every_s)
-        self.low = self.high = self.ceiling
+        self.low = self.high = torch.get_num_threads()
         self.changes = 0
         self._last = time.monotonic()
 
