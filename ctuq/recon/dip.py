@@ -518,6 +518,7 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config))
     params = [p for p in model.parameters() if p.requires_grad]
+    live = model.state_dict()  # detached views of the weights Adam updates in place
 
     hist = np.zeros((3, n_iter), dtype=np.float64)
     best_loss, best_iter = math.inf, -1
@@ -547,7 +548,6 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
             if lv < best_loss:
                 best_loss, best_iter = lv, i
                 if best_state is None:
-                    live = model.state_dict()  # detached views of the live weights
                     best_state = {k: v.clone() for k, v in live.items()}
                     best_out = out.detach().clone()
                 else:  # copied into the same buffers: no allocation per improvement
