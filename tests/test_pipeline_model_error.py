@@ -146,3 +146,16 @@ def test_a_missing_calibration_file_stops_the_run_before_any_fit(scan, tmp_path,
                                        model_error_file=str(tmp_path / "none.json")),
                          progress=lambda stage, *a: stages.append(stage))
     assert "dip" not in stages
+
+
+def test_a_shared_fit_records_the_held_out_fit_inside_the_dip_stage(scan, heldout):
+    shared = ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4,
+                                            dip_from_heldout=0.5))
+    sec, counts = (shared.provenance["stages"][k] for k in ("seconds", "counts"))
+    # the held-out fit ran the whole schedule, the fit on all angles half of it
+    assert counts["dip_heldout_iterations"] == 60 and counts["dip_iterations"] == 30
+    assert 0 < sec["dip_heldout"] <= sec["dip"]
+    # two separate fits record no shared part
+    assert "dip_heldout" not in heldout.provenance["stages"]["seconds"]
+    assert heldout.provenance["stages"]["counts"]["dip_iterations"] == 60
+    assert np.isfinite(shared.std).all() and shared.std.shape == (28, 28)

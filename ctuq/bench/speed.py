@@ -67,6 +67,8 @@ SPEED_VARIANTS: dict[str, dict] = {
     # the held-out fit as before (so the same coefficients), the fit on all angles
     # continued from it for 0.3 of the iterations: 1.3 fits' worth instead of 2
     "shared_full": {"uncertainty": {"dip_from_heldout": 0.3, "predictive_samples": 32}},
+    # the same with half the iterations continued
+    "shared_full_0.5": {"uncertainty": {"dip_from_heldout": 0.5, "predictive_samples": 32}},
 }
 
 
@@ -154,7 +156,8 @@ def one_run(size: int, settings: dict | None = None, scan: dict | None = None,
     dict
         ``wall_s`` (the ``ctuq.reconstruct`` call), ``stages`` (the
         provenance's seconds and counts), ``total_over_dip``, ``threads``,
-        ``mean_std``, ``mean_posterior_std``, ``coverage_2sigma``, ``psnr``,
+        ``mean_std``, ``mean_posterior_std``, ``coverage_2sigma``,
+        ``coverage_1sigma``, ``psnr``,
         ``em_steps``, ``load_before`` / ``load_after``.
     """
     import numpy as np
@@ -188,16 +191,25 @@ def one_run(size: int, settings: dict | None = None, scan: dict | None = None,
     m = res.metrics
     return {"case": case["id"], "size": int(size), "settings": settings or {},
             "wall_s": wall, "stages": stages,
-            "total_over_dip": sec["total"] / sec["dip"] if sec.get("dip") else None,
+            "total_over_dip": _total_over_dip(sec),
             "threads": res.provenance.get("threads"),
             "threads_range": res.provenance.get("threads_range"),
             "mean_std": float(np.mean(res.std)),
             "mean_posterior_std": float(np.mean(res.posterior_std)),
             "mean_model_error_std": float(np.mean(res.model_error_std)),
             "coverage_2sigma": float(m["coverage_2sigma"]), "psnr": float(m["psnr"]),
+            "coverage_1sigma": float(m["coverage_1sigma"]) if "coverage_1sigma" in m else None,
             "em_steps": (res.hyperparameters or {}).get("em_steps"),
             "load_before": load_before, "load_after": _load(), **gpu,
             **({"mc": mc_summary(res)} if mc else {})}
+
+
+def _total_over_dip(seconds: dict) -> float | None:
+    """Total time over one full DIP fit's: the ``dip`` stage's, or, where the fit
+    on all angles continued from the held-out fit, the held-out fit's (a whole
+    schedule; the ``dip`` stage then holds both)."""
+    one_fit = seconds.get("dip_heldout") or seconds.get("dip")
+    return seconds["total"] / one_fit if one_fit else None
 
 
 def mc_summary(res, batches: int = 8) -> dict:
@@ -359,8 +371,8 @@ def compare_settings(variants: dict[str, dict], sizes, cases: list[dict],
     dict
         ``runs``: one row per (size, case, variant) with :func:`one_run`'s
         fields; ``summary[size][variant]``: means over the cases of
-        ``wall_s``, ``mean_std``, ``coverage_2sigma`` and their differences
-        to the first variant, and the stage seconds.
+        ``wall_s``, ``mean_std``, ``coverage_2sigma``, ``psnr`` and their
+        differences to the first variant, and the stage seconds.
     """
     import numpy as np
 
@@ -397,6 +409,10 @@ def compare_settings(variants: dict[str, dict], sizes, cases: list[dict],
                 "coverage_change_points": float(100 * np.mean([
                     r["coverage_2sigma"] - a["coverage_2sigma"] for a, r in zip(ref, rs)])),
                 "mean_std_mc_se": float(np.mean([r["mc"]["mean_std_se"] for r in rs])),
+                "psnr": float(np.mean([r["psnr"] for r in rs])),
+                "psnr_change_db": float(np.mean([r["psnr"] - a["psnr"] for a, r in zip(ref, rs)])),
+                "psnr_change_db_range": [float(f(r["psnr"] - a["psnr"] for a, r in zip(ref, rs)))
+                                         for f in (min, max)],
                 "em_steps": [r["em_steps"] for r in rs]}
     return {"variants": variants, "base": base or {}, "cases": cases, "runs": rows,
             "summary": summary}
@@ -475,31 +491,22 @@ def speed_benchmark(sizes=(64, 128), *, settings: dict | None = None, demo: bool
         sb["within_target"] = bool(sb["slowdown"] <= TARGETS_S["side_by_side_over_alone"])
         doc["side_by_side"] = sb
     doc["load_end"] = _load()
-    others = [v for v in _all_others(doc) if v is not None]
+    rows = list(_timed_rows(doc))
+    others = [r["others_cores"] for r in rows if r.get("others_cores") is not None]
     if others:
         doc["quiet"] = max(others) < QUIET_OTHERS_CORES
-    else:  # no /proc/stat: the load average before every run
-        loads = [r for r in _all_loads(doc) if r is not None]
+    else:  # no /proc/stat: the load average at the start and before every run
+        loads = [doc["load_start"]] + [r.get("load_before") for r in rows]
+        loads = [v for v in loads if v is not None]
         doc["quiet"] = bool(loads) and max(v[0] for v in loads) < 1.0
     return doc
 
 
-def _all_others(doc: dict):
-    for row in doc["sizes"]:
-        yield row.get("others_cores")
+def _timed_rows(doc: dict):
+    """Every timed row of a :func:`speed_benchmark` document."""
+    yield from doc["sizes"]
     if "demo" in doc:
-        yield doc["demo"].get("others_cores")
+        yield doc["demo"]
     if "side_by_side" in doc:
-        yield doc["side_by_side"]["alone"].get("others_cores")
-        yield doc["side_by_side"].get("others_cores")
-
-
-def _all_loads(doc: dict):
-    yield doc["load_start"]
-    for row in doc["sizes"]:
-        yield row["load_before"]
-        yield row["load_after"]
-    if "demo" in doc:
-        yield doc["demo"]["load_before"]
-        yield doc["demo"]["load_after"]
-    yield doc["load_end"]
+        yield doc["side_by_side"]["alone"]
+        yield doc["side_by_side"]

@@ -424,8 +424,11 @@ def stage_record(s: _Slice) -> dict:
 
     ``seconds``: ``fbp``, ``dip``, ``uncertainty`` (with the method's own
     ``em``, ``predictive``... where it reports them), ``model_error``,
-    ``consistency``, ``metrics``, ``total``; a stage loaded from a checkpoint
-    counts its own recorded seconds. ``counts``: ``dip_iterations``,
+    ``consistency``, ``metrics``, ``total``; ``dip_heldout``, the part of
+    ``dip`` that the held-out fit took when the fit on all angles continued
+    from it (``dip_from_heldout``); a stage loaded from a checkpoint
+    counts its own recorded seconds. ``counts``: ``dip_iterations`` (and
+    ``dip_heldout_iterations``),
     ``em_steps`` and ``solver_iterations`` / ``cg_iterations`` (summed over the
     EM steps) where reported.
     """
@@ -441,6 +444,11 @@ def stage_record(s: _Slice) -> dict:
     lengths = [len(v) for v in hist.values() if hasattr(v, "__len__")]
     if lengths:
         counts["dip_iterations"] = int(max(lengths))
+    shared = getattr(s.term, "shared_fit", None)
+    held = shared() if callable(shared) else None
+    if held is not None:  # the held-out fit ran first, inside the "dip" stage
+        seconds["dip_heldout"] = float(held.wall_time)
+        counts["dip_heldout_iterations"] = int(len(held.loss_history["loss"]))
     trace = s.outcome.trace if s.outcome is not None else []
     steps = (s.outcome.hyperparameters or {}).get("em_steps") if s.outcome is not None else None
     if isinstance(steps, int) and not isinstance(steps, bool):

@@ -206,6 +206,11 @@ class HeldoutTerm(ModelErrorTerm):
                                   cancel=cancel)
         return self._first[1]
 
+    def shared_fit(self):
+        """The held-out fit made by :meth:`fit_first` (a ``DIPResult``), or None."""
+        first = getattr(self, "_first", None)
+        return None if first is None else first[1]
+
     def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
         s = self.settings
         v = problem.noise.ray_variance  # the count noise model's (None: every ray alike)
