@@ -45,12 +45,11 @@ UNCERTAINTY_DEFAULTS: dict[str, dict] = {
     # 32 predictive samples, not 64: the mean std moved by 0.02-0.06 % (within its
     # Monte-Carlo error) and ±2σ coverage by <= 0.05 point on validation scans
     # (docs/speed.md), for half the predictive stage's time
-    # dip_from_heldout 0.5: the held-out fit first, the fit on all angles continued
-    # from it on the tail of its schedule (1.5 fits' worth instead of 2). On 12
-    # validation scans: PSNR +1.65 dB (every scan up, +0.17 to +3.17), ±2σ coverage
-    # +0.7 point, mean std +4 %, 16 % less time (docs/speed.md)
+    # dip_from_heldout stays 0: 0.5 gained 1.65 dB on 12 validation scans at 60
+    # angles and 5 % noise but lost up to 9 dB on test scans at 30 angles and 1 %
+    # noise (docs/speed.md)
     "dip-64": dict(n_samples=8, predictive_samples=32, predcp_samples=16, em_steps=5,
-                   preconditioner_rank=200, dip_from_heldout=0.5),
+                   preconditioner_rank=200),
     "dip-128": dict(n_samples=8, predictive_samples=32, predcp_samples=16,
                     preconditioner_rank=200),
     "dip-256": dict(n_samples=4, predictive_samples=32, predcp_samples=16, em_steps=4,
