@@ -386,7 +386,8 @@ def _hyperparameter_rows(hp: dict, trace: list) -> list[tuple[str, str]]:
         n = steps if steps is not None else len(trace)
         text = f"{n} EM step{'s' if n != 1 else ''}"
         if converged is True:
-            text += ", converged (the last step changed the hyperparameters by less than em_tol)"
+            text += (", converged (the hyperparameters moved by less than em_tol for "
+                     "em_patience steps in a row)")
         elif converged is False and n:
             text += (" (the em_steps limit; more steps could still move the hyperparameters "
                      "by more than em_tol)")
