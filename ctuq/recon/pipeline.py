@@ -444,8 +444,7 @@ def stage_record(s: _Slice) -> dict:
     lengths = [len(v) for v in hist.values() if hasattr(v, "__len__")]
     if lengths:
         counts["dip_iterations"] = int(max(lengths))
-    shared = getattr(s.term, "shared_fit", None)
-    held = shared() if callable(shared) else None
+    held = s.term.shared_fit() if s.term is not None else None
     if held is not None:  # the held-out fit ran first, inside the "dip" stage
         seconds["dip_heldout"] = float(held.wall_time)
         counts["dip_heldout_iterations"] = int(len(held.loss_history["loss"]))

@@ -111,6 +111,11 @@ class ModelErrorTerm:
         """Read the calibration this term needs (before any fit); returns ``self``."""
         return self
 
+    def shared_fit(self):
+        """The DIP fit this term made before the fit on all angles (a ``DIPResult``
+        the fit on all angles continued from), or None. Default None."""
+        return None
+
     def compute(self, problem, fit, posterior_variance: Tensor, noise_var: float, *,
                 progress=None, cancel=None) -> tuple[ModelErrorCoefficients, Tensor]:
         """``(coefficients, variance)``; see :meth:`variance`. Default: the
@@ -207,7 +212,7 @@ class HeldoutTerm(ModelErrorTerm):
         return self._first[1]
 
     def shared_fit(self):
-        """The held-out fit made by :meth:`fit_first` (a ``DIPResult``), or None."""
+        """The held-out fit made by :meth:`fit_first`, or None."""
         first = getattr(self, "_first", None)
         return None if first is None else first[1]
 
