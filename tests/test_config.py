@@ -98,3 +98,13 @@ def test_an_unknown_key_in_uncertainty_names_it():
     with pytest.raises(InputError) as err:
         ReconstructionConfig(uncertainty={"ivon": {"wings": 2}})
     assert err.value.field == "uncertainty.ivon.wings"
+
+
+def test_runtime_only_settings_do_not_make_a_resumed_result_stale():
+    # the device, the thread count and the CUDA graph change how a run computes, not what
+    base = ReconstructionConfig(dip={"iterations": 7})
+    runtime = ReconstructionConfig(dip={"iterations": 7, "cuda_graph": False}, device="cpu",
+                                   threads=1)
+    assert runtime.result_affecting() == base.result_affecting()
+    other = ReconstructionConfig(dip={"iterations": 8, "cuda_graph": False})
+    assert other.result_affecting() != base.result_affecting()

@@ -247,7 +247,7 @@ def test_mc_dropout_predict_needs_dropout_layers(problem):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_fit_on_cuda_matches_cpu(problem):
+def test_fit_on_cuda_matches_cpu(problem, strict_fp32):
     op, x, y = problem
     cpu = fit_dip(y, op, tiny_config(iterations=20, device="cpu"))
     op_gpu = RayTransform(op.geometry, backend="matrix", device="cuda")
@@ -256,3 +256,90 @@ def test_fit_on_cuda_matches_cpu(problem):
     assert torch.allclose(gpu.reconstruction.cpu(), cpu.reconstruction, atol=1e-3)
     mc = fit_mc_dropout(y.cuda(), op_gpu, tiny_config(iterations=5, device="cuda"), n_samples=8)
     assert mc.std.device.type == "cuda"
+
+
+def _dip_fit(problem, config):
+    """A :class:`ctuq.recon.dip._DipFit` set up as :func:`fit_dip` sets it up."""
+    from ctuq.recon.dip import _as_sinogram, _DipFit, make_net_input
+    op, _, y = problem
+    y_t = _as_sinogram(y, op, torch.device("cpu"))
+    model = build_unet(config.unet_config(), seed=config.seed, device="cpu")
+    model.train()
+    net_input = make_net_input(y_t, op, config, "cpu")
+    return _DipFit(model, net_input, y_t, None, op, config.tv_weight, config, None, None,
+                   "dip", None)
+
+
+def test_sync_free_step_keeps_the_same_books_as_the_plain_loop(problem):
+    # the step that the CUDA graph captures, run eagerly on the CPU: its on-device
+    # bookkeeping (history, best loss/iteration/weights/output) must match the plain loop
+    cfg = tiny_config(unet=UNetConfig(scales=2, channels=(8, 8), skip_channels=(0, 2),
+                                      use_norm=True), iterations=25, lr=1.0,
+                      progress_every=7)
+    torch.manual_seed(1)
+    plain = _dip_fit(problem, cfg).run_plain()
+    torch.manual_seed(1)
+    free = _dip_fit(problem, cfg).run_graphed(graph=False)
+    np.testing.assert_array_equal(free[0], plain[0])
+    assert free[1:3] == plain[1:3]
+    assert 0 < plain[2] < 24  # the loss was not monotone: the bookkeeping had work to do
+    assert free[3].keys() == plain[3].keys()
+    for k in plain[3]:
+        assert torch.equal(free[3][k], plain[3][k]), k
+    assert torch.equal(free[4], plain[4])
+
+
+def test_sync_free_step_stops_at_a_non_finite_loss_like_the_plain_loop(problem):
+    op, x, y = problem
+    huge = (op, x, np.full_like(np.asarray(y), 1e30))  # squares overflow float32
+    cfg = tiny_config(iterations=5, progress_every=1)
+    for run in (_dip_fit(huge, cfg).run_plain(), _dip_fit(huge, cfg).run_graphed(graph=False)):
+        hist, best_loss, best_iter, state, out = run
+        assert hist.shape == (3, 1) and not np.isfinite(hist[0, 0])
+        assert (best_iter, state, out) == (-1, None, None) and best_loss == math.inf
+
+
+def test_group_norm_from_var_mean_matches_torch_in_both_ad_modes():
+    from ctuq.models.unet import group_norm_var_mean
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 8, 5, 6, generator=gen, dtype=torch.float64)
+    w, b = torch.randn(8, generator=gen, dtype=torch.float64), torch.randn(
+        8, generator=gen, dtype=torch.float64)
+    t = torch.randn_like(x)
+    for groups in (1, 2, 4):
+        ref = lambda z: torch.nn.functional.group_norm(z, groups, w, b, 1e-5)  # noqa: E731
+        ours = lambda z: group_norm_var_mean(z, groups, w, b, 1e-5)  # noqa: E731
+        torch.testing.assert_close(ours(x), ref(x))
+        torch.testing.assert_close(torch.func.jvp(ours, (x,), (t,))[1],
+                                   torch.func.jvp(ref, (x,), (t,))[1])
+        torch.testing.assert_close(torch.func.vjp(ours, x)[1](t)[0],
+                                   torch.func.vjp(ref, x)[1](t)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_fit_matches_the_plain_loop(problem, caplog):
+    op, x, y = problem
+    op_gpu = RayTransform(op.geometry, backend="matrix", device="cuda")
+    cfg = tiny_config(unet=UNetConfig(scales=2, channels=(8, 8), skip_channels=(0, 2),
+                                      use_norm=True), iterations=40, device="cuda",
+                      progress_every=5)
+    with caplog.at_level("WARNING", logger="ctuq.recon.dip"):
+        graphed = fit_dip(y, op_gpu, cfg)
+    assert "capture failed" not in caplog.text
+    plain = fit_dip(y, op_gpu, cfg.with_(cuda_graph=False))
+    np.testing.assert_allclose(graphed.loss_history["loss"], plain.loss_history["loss"],
+                               rtol=2e-3)
+    assert abs(graphed.best_iteration - plain.best_iteration) <= 2
+    torch.testing.assert_close(graphed.reconstruction, plain.reconstruction, atol=2e-3,
+                               rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_group_norm_on_cuda_matches_the_cpu_kernel():
+    from ctuq.models.unet import GroupNorm
+    norm = GroupNorm(2, 8)
+    torch.nn.init.normal_(norm.weight), torch.nn.init.normal_(norm.bias)
+    x = torch.randn(2, 8, 64, 64)
+    torch.testing.assert_close(norm.cuda()(x.cuda()).cpu(), norm.cpu()(x), atol=1e-5, rtol=1e-5)

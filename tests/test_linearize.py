@@ -189,7 +189,7 @@ def test_generic_module_without_blocks():
 
 @pytest.mark.gpu
 @requires_cuda
-def test_cuda_matches_cpu(problem, lin):
+def test_cuda_matches_cpu(problem, lin, strict_fp32):
     model = build_unet("reference-28", channels=(4, 4, 4))
     model.load_state_dict(problem.model.state_dict())
     lin_c = Linearization(model.cuda(), problem.net_input.cuda())

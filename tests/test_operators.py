@@ -201,6 +201,11 @@ def test_cuda_matches_cpu():
         cpu = RayTransform(GEOMETRIES["parallel"], backend=backend)
         gpu = RayTransform(GEOMETRIES["parallel"], backend=backend, device="cuda")
         x = torch.rand(2, *cpu.domain_shape)
-        torch.testing.assert_close(gpu.A(x.cuda()).cpu(), cpu.A(x), rtol=1e-4, atol=1e-4)
+        if backend == "matrix":  # the same sparse matrix on both devices
+            torch.testing.assert_close(gpu.A(x.cuda()).cpu(), cpu.A(x), rtol=1e-4, atol=1e-4)
+        else:  # ASTRA's CUDA projector is not its CPU one (another interpolation):
+            # the same line integrals to within the discretisation (≈ 1 % seen on an H200)
+            ref = cpu.A(x)
+            assert (gpu.A(x.cuda()).cpu() - ref).norm() <= 0.03 * ref.norm()
         moved = RayTransform(GEOMETRIES["parallel"], backend=backend).to("cuda")
         assert moved.A(x.cuda()).device.type == "cuda"

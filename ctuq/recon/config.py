@@ -79,6 +79,8 @@ TABLES = ("dip", "uncertainty", "geometry", "read")
 #: Settings that change where and how fast a reconstruction runs, not its meaning.
 RUNTIME_ONLY = ("device", "threads")
 RUNTIME_ONLY_READ = ("isolate", "read_timeout", "max_memory_gib")
+#: ``[dip]`` settings that change how a fit runs on a device, not what it computes.
+RUNTIME_ONLY_DIP = ("cuda_graph",)
 #: The Laplace settings (:class:`~ctuq.recon.methods.laplace.LaplaceSettings`), also
 #: read directly in ``[uncertainty]`` (files written before the method sub-tables).
 LAPLACE_ONLY = tuple(f.name for f in dataclasses.fields(LaplaceSettings))
@@ -558,6 +560,7 @@ class ReconstructionConfig:
         # files) or in [uncertainty.laplace]
         d["uncertainty"] = UncertaintyConfig.canonical(d["uncertainty"])
         d["read"] = {k: v for k, v in d["read"].items() if k not in RUNTIME_ONLY_READ}
+        d["dip"] = {k: v for k, v in d["dip"].items() if k not in RUNTIME_ONLY_DIP}
         return d
 
     # -- resolution for one image ------------------------------------------

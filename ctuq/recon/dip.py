@@ -146,6 +146,13 @@ class DIPConfig:
     init_weights : str or None
         Warm start from a weights file written by :func:`save_weights`
         (architecture must match). Default None (random initialisation).
+    cuda_graph : bool
+        On a CUDA device, capture one DIP step (forward, loss, backward,
+        best-iterate bookkeeping, clipping, Adam) in a CUDA graph after three
+        plain steps and replay it: the host then launches one graph per
+        iteration instead of some 400 kernels (docs/scaling.md §5). Falls
+        back to the plain loop, with a warning, if the capture fails.
+        Ignored on the CPU. Default True.
     warm_start : str
         The educated warm start (:mod:`ctuq.recon.warm_start`): ``'none'``,
         ``'shipped'`` (the preset's pretrained weights shipped with ctuq) or
@@ -199,6 +206,8 @@ class DIPConfig:
                             "(count data).")
     warm_start: str = setting("none", kind=str, check=check_warm_start,
                               doc="Warm start: none, shipped (pretrained) or a weights file.")
+    cuda_graph: bool = setting(True, kind=bool,
+                               doc="On CUDA, replay the DIP step as a CUDA graph.")
 
     def __post_init__(self):
         if isinstance(self.unet, dict):
@@ -425,6 +434,189 @@ def dip_tv_loss(image: Tensor, y: Tensor, op, tv_weight: float, *,
     return data_fit + tv_weight * tv, data_fit, tv
 
 
+#: Plain steps before a CUDA graph is captured (lazy initialisation, Adam's state).
+_GRAPH_WARMUP = 3
+
+
+class _DipFit:
+    """The iterations of one DIP fit: a plain loop, and the same step as a CUDA graph.
+
+    Both return ``(history [3, n], best_loss, best_iteration, best_state,
+    best_output)`` with the same meaning: the loss, data fit and TV of every
+    iteration, and the weights and output of the iteration with the lowest
+    loss, taken before that iteration's Adam step.
+    """
+
+    def __init__(self, model, net_input, y, ray_variance, op, gamma, config, progress,
+                 cancel, stage, monitor):
+        self.model, self.net_input, self.y, self.v, self.op = model, net_input, y, ray_variance, op
+        self.gamma, self.config, self.stage = gamma, config, stage
+        self.progress, self.cancel, self.monitor = progress, cancel, monitor
+        self.n_iter = int(config.iterations)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def _optimizer(self, lr):
+        # foreach: one multi-tensor update instead of a loop over the weights (on the CPU
+        # too, where torch's default is the loop); the same numbers bit for bit
+        return torch.optim.Adam(self.model.parameters(), lr=lr, foreach=True,
+                                capturable=isinstance(lr, Tensor))
+
+    def _loss(self):
+        out = self.model(self.net_input)
+        loss, data_fit, tv = dip_tv_loss(out, self.y, self.op, self.gamma,
+                                         ray_variance=self.v, loss=self.config.loss)
+        loss.backward()
+        return out, torch.stack([loss.detach(), data_fit.detach(), tv.detach()])
+
+    def _clip(self):
+        if self.config.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.params,
+                                           max_norm=float(self.config.clip_grad_norm))
+
+    def _report(self, i, hist, best_loss, best_iter, best_out):
+        emit_progress(self.progress, self.stage, i + 1, self.n_iter,
+                      f"loss {hist[0, i]:.5g} (data {hist[1, i]:.5g}, TV {hist[2, i]:.5g}); "
+                      f"best {best_loss:.5g} at {best_iter}")
+        if self.monitor is not None:
+            self.monitor(i + 1, best_out.reshape(self.op.geometry.image_shape))
+
+    def _check_cancel(self, i):
+        if self.cancel is not None and self.cancel():
+            raise Cancelled(f"DIP cancelled at iteration {i} of {self.n_iter}")
+
+    def run_plain(self):
+        """One host-driven step per iteration (the CPU path; bit-identical per seed)."""
+        n_iter, every = self.n_iter, int(self.config.progress_every)
+        optimizer = self._optimizer(self.config.lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(self.config))
+        live = self.model.state_dict()  # detached views of the weights Adam updates in place
+        hist = np.zeros((3, n_iter), dtype=np.float64)
+        best_loss, best_iter, best_state, best_out = math.inf, -1, None, None
+        for i in range(n_iter):
+            self._check_cancel(i)
+            optimizer.zero_grad(set_to_none=True)
+            out, values = self._loss()
+            # one device synchronisation per iteration instead of three
+            hist[:, i] = values.tolist()
+            lv = float(hist[0, i])
+            if not math.isfinite(lv):
+                log.warning("DIP loss is not finite at iteration %d; stopping early", i)
+                hist = hist[:, : i + 1]
+                break
+            if lv < best_loss:
+                best_loss, best_iter = lv, i
+                if best_state is None:
+                    best_state = {k: v.clone() for k, v in live.items()}
+                    best_out = out.detach().clone()
+                else:  # copied into the same buffers: no allocation per improvement
+                    for dst, src in zip(best_state.values(), live.values()):
+                        dst.copy_(src)
+                    best_out.copy_(out.detach())
+            self._clip()
+            optimizer.step()
+            scheduler.step()
+            if (i + 1) % every == 0 or i + 1 == n_iter:
+                self._report(i, hist, best_loss, best_iter, best_out)
+        return hist, best_loss, best_iter, best_state, best_out
+
+    def run_graphed(self, graph: bool = True):
+        """The same iterations with no host synchronisation inside a step.
+
+        The step keeps its own books on the device (the history row, the best
+        loss, iteration, weights and output, selected with ``torch.where``)
+        and the learning rate is a device tensor, so the step can be captured
+        once in a CUDA graph and replayed. The host reads the books only at
+        progress reports and at the end. ``graph=False`` runs the step without
+        capturing it (the CPU test of its bookkeeping against :meth:`run_plain`).
+        """
+        n_iter, every, config = self.n_iter, int(self.config.progress_every), self.config
+        device = self.net_input.device
+        factor = _lr_factor(config)
+        lr = torch.tensor(float(config.lr) * factor(0), device=device) if graph else config.lr
+        optimizer = self._optimizer(lr)
+        live = list(self.model.state_dict().values())
+        best = [v.clone() for v in live]
+        hist_t = torch.zeros((3, n_iter), dtype=torch.float32, device=device)
+        it = torch.zeros(1, dtype=torch.long, device=device)
+        best_loss_t = torch.full((), math.inf, device=device)
+        best_iter_t = torch.full((1,), -1, dtype=torch.long, device=device)
+        best_out = torch.zeros_like(self.net_input)
+
+        def step():
+            out, values = self._loss()
+            hist_t.index_copy_(1, it, values.unsqueeze(1))
+            improved = values[0] < best_loss_t  # False for NaN: a NaN never becomes best
+            best_loss_t.copy_(torch.where(improved, values[0], best_loss_t))
+            best_iter_t.copy_(torch.where(improved, it, best_iter_t))
+            for dst, src in zip(best, live):
+                dst.copy_(torch.where(improved, src, dst))
+            best_out.copy_(torch.where(improved, out.detach(), best_out))
+            self._clip()
+            optimizer.step()
+            it.add_(1)
+
+        def set_lr(i):
+            value = float(config.lr) * factor(i)
+            for group in optimizer.param_groups:
+                if isinstance(group["lr"], Tensor):
+                    group["lr"].fill_(value)
+                else:
+                    group["lr"] = value
+
+        hist = np.zeros((3, n_iter), dtype=np.float64)
+        copied = 0
+
+        def books(i):  # the history up to iteration i on the host (synchronises)
+            nonlocal copied
+            hist[:, copied: i + 1] = hist_t[:, copied: i + 1].cpu().numpy()
+            bad = np.flatnonzero(~np.isfinite(hist[0, copied: i + 1]))
+            bad = copied + int(bad[0]) if bad.size else None
+            copied = i + 1
+            return hist[:, : i + 1], bad
+
+        replay = None
+        if graph:  # plain steps on a side stream first, as torch.cuda.graphs asks
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for i in range(_GRAPH_WARMUP):
+                    self._check_cancel(i)
+                    set_lr(i)
+                    optimizer.zero_grad(set_to_none=True)
+                    step()
+            torch.cuda.current_stream(device).wait_stream(side)
+            cuda_graph = torch.cuda.CUDAGraph()
+            optimizer.zero_grad(set_to_none=True)
+            with torch.cuda.graph(cuda_graph):
+                step()
+            replay, start = cuda_graph.replay, _GRAPH_WARMUP
+        else:
+            start = 0
+
+        last = n_iter - 1
+        for i in range(start, n_iter):
+            self._check_cancel(i)
+            set_lr(i)
+            if replay is not None:
+                replay()
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                step()
+            if (i + 1) % every == 0 or i + 1 == n_iter:
+                h, bad = books(i)
+                if bad is not None:
+                    log.warning("DIP loss is not finite at iteration %d; stopping early", bad)
+                    last = bad
+                    break
+                self._report(i, h, float(best_loss_t), int(best_iter_t), best_out)
+        hist = books(last)[0] if copied <= last else hist[:, : last + 1]
+        best_iter = int(best_iter_t)
+        if best_iter < 0:
+            return hist, math.inf, -1, None, None
+        state = dict(zip(self.model.state_dict().keys(), best))
+        return hist, float(best_loss_t), best_iter, state, best_out
+
+
 def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None = None,
             ray_variance=None, progress: Callable | None = None,
             cancel: Callable[[], bool] | None = None,
@@ -515,57 +707,29 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
         net_input = torch.as_tensor(net_input, dtype=torch.float32).reshape(
             1, 1, *op.geometry.image_shape).to(device)
 
-    # foreach: one multi-tensor update instead of a loop over the weights (on the CPU
-    # too, where torch's default is the loop); the same numbers bit for bit
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config))
-    params = [p for p in model.parameters() if p.requires_grad]
-    live = model.state_dict()  # detached views of the weights Adam updates in place
-
-    hist = np.zeros((3, n_iter), dtype=np.float64)
-    best_loss, best_iter = math.inf, -1
-    best_state, best_out = None, None
+    fit = _DipFit(model, net_input, y_t, v_t, op, gamma, config, progress, cancel, stage,
+                  monitor)
     log.info("DIP fit: %s, %d iterations, lr %.3g, gamma %.3g, input %s, device %s",
              model.extra_repr(), n_iter, config.lr, gamma, config.net_input, device)
-
     cuda_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda_devices):
         torch.manual_seed(int(config.seed) + 1)  # dropout masks
         model.train()
-        for i in range(n_iter):
-            if cancel is not None and cancel():
-                raise Cancelled(f"DIP cancelled at iteration {i} of {n_iter}")
-            optimizer.zero_grad(set_to_none=True)
-            out = model(net_input)
-            loss, data_fit, tv = dip_tv_loss(out, y_t, op, gamma, ray_variance=v_t,
-                                             loss=config.loss)
-            loss.backward()
-            # one device synchronisation per iteration instead of three
-            hist[:, i] = torch.stack([loss.detach(), data_fit.detach(), tv.detach()]).tolist()
-            lv = float(hist[0, i])
-            if not math.isfinite(lv):
-                log.warning("DIP loss is not finite at iteration %d; stopping early", i)
-                hist = hist[:, : i + 1]
-                break
-            if lv < best_loss:
-                best_loss, best_iter = lv, i
-                if best_state is None:
-                    best_state = {k: v.clone() for k, v in live.items()}
-                    best_out = out.detach().clone()
-                else:  # copied into the same buffers: no allocation per improvement
-                    for dst, src in zip(best_state.values(), live.values()):
-                        dst.copy_(src)
-                    best_out.copy_(out.detach())
-            if config.clip_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, max_norm=float(config.clip_grad_norm))
-            optimizer.step()
-            scheduler.step()
-            if (i + 1) % int(config.progress_every) == 0 or i + 1 == n_iter:
-                emit_progress(progress, stage, i + 1, n_iter,
-                              f"loss {lv:.5g} (data {hist[1, i]:.5g}, TV {hist[2, i]:.5g}); "
-                              f"best {best_loss:.5g} at {best_iter}")
-                if monitor is not None:
-                    monitor(i + 1, best_out.reshape(op.geometry.image_shape))
+        if device.type == "cuda" and config.cuda_graph and n_iter > _GRAPH_WARMUP:
+            initial = {k: v.clone() for k, v in model.state_dict().items()}
+            try:
+                hist, best_loss, best_iter, best_state, best_out = fit.run_graphed()
+            except Cancelled:
+                raise
+            except Exception as err:  # noqa: BLE001 - any capture failure: the plain loop
+                log.warning("DIP: CUDA graph capture failed (%s: %s); running the plain "
+                            "loop", type(err).__name__, err)
+                torch.cuda.synchronize(device)
+                model.load_state_dict(initial)
+                torch.manual_seed(int(config.seed) + 1)
+                hist, best_loss, best_iter, best_state, best_out = fit.run_plain()
+        else:
+            hist, best_loss, best_iter, best_state, best_out = fit.run_plain()
 
     if best_state is None:
         raise InputError("DIP fit produced no finite loss (check the sinogram scale)",

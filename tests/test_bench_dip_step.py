@@ -1,0 +1,26 @@
+"""scripts/bench_dip_step.py: a 16² run on the CPU (the plain loop only)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_dip_step.py"
+
+
+def test_bench_dip_step_prints_one_json_document_with_the_time_per_iteration():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--sizes", "16", "--iterations", "12",
+                          "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["benchmark"] == "bench_dip_step" and doc["machine"]["device"] == "cpu"
+    (row,) = doc["sizes"]
+    assert row["size"] == 16 and row["iterations"] == 12
+    assert row["plain_ms_per_iteration"] > 0
+    assert "graph_ms_per_iteration" not in row  # no graph on the CPU
+
+
+def test_bench_dip_step_refuses_too_few_iterations():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--iterations", "10", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--iterations must be above 10" in out.stderr
