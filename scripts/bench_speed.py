@@ -51,12 +51,16 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=None,
                     help="--compare: JSON {name: settings}; default the speed variants")
     ap.add_argument("--cases", type=int, default=3, help="--compare: validation scans")
+    ap.add_argument("--angles", type=int, default=60, help="--compare: the scans' angles")
+    ap.add_argument("--noise", type=float, default=0.05,
+                    help="--compare: the scans' relative noise level")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     settings = json.loads(args.settings) if args.settings else None
     if args.compare:
         variants = json.loads(args.variants) if args.variants else SPEED_VARIANTS
-        doc = compare_settings(variants, sizes, validation_scans(args.cases), base=settings)
+        doc = compare_settings(variants, sizes, validation_scans(args.cases, args.angles, args.noise),
+                               base=settings)
     else:
         demo_args = {k: v for k, v in (("size", args.demo_size), ("angles", args.demo_angles))
                      if v is not None}

@@ -187,3 +187,31 @@ def test_single_image_result(tmp_path, result):
     assert back.units == "1/mm"
     with pytest.raises(InputError, match="at least one image"):
         Result()
+
+
+def test_solves_stopped_above_tolerance_are_a_warning_in_the_result(measured):
+    # one CG iteration without a preconditioner cannot reach 1e-3: the run says so,
+    # with the residual, instead of returning a silently wrong std
+    y, sigma, _, _ = measured
+    capped = TINY.merged({"noise_std": sigma, "uncertainty": {
+        "cg_max_iter": 1, "preconditioner_rank": 1}})
+    res = ctuq.reconstruct(y, capped, angles=ANGLES_DEG, image_size=28)
+    (msg,) = [w for w in res.diagnostics["warnings"] if "linear solves" in w]
+    assert f"of {len(res.em_trace)} EM steps" in msg and "preconditioner_rank" in msg
+    assert all(t["solver_residual"] > 1e-3 for t in res.em_trace)
+    # a run of the same scan whose solves converge carries no such warning
+    solved = ctuq.reconstruct(y, TINY.merged({"noise_std": sigma, "uncertainty": {
+        "cg_max_iter": 500, "preconditioner_rank": 200}}), angles=ANGLES_DEG, image_size=28)
+    assert all(t["solver_converged"] for t in solved.em_trace)
+    assert not [w for w in solved.diagnostics["warnings"] if "linear solves" in w]
+
+
+def test_solver_warnings_count_the_missed_steps_per_slice():
+    from ctuq.recon.pipeline import solver_warnings
+
+    ok = {"solver_converged": True, "solver_residual": 1e-4}
+    missed = {"solver_converged": False, "solver_residual": 0.48}
+    assert solver_warnings([[ok, ok]]) == []
+    assert solver_warnings([[{"step": 0}]]) == []  # a method without solves
+    (msg,) = solver_warnings([[ok, missed], [missed]])
+    assert "2 of 3 EM steps (slices [0, 1])" in msg and "0.48" in msg

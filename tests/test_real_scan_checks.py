@@ -142,7 +142,9 @@ def test_result_records_the_check_of_the_reconstruction_shown(result, measured):
     y, sigma, _, g = measured
     d = result.diagnostics
     assert set(d) >= {"chi2_dof", "chi2_per_angle", "verdict", "reason", "threshold", "warnings"}
-    assert d["verdict"] in ("ok", "misfit") and d["warnings"] == []
+    # no data warning (the tiny solver settings' own warning is about the posterior)
+    assert d["verdict"] in ("ok", "misfit")
+    assert [w for w in d["warnings"] if not w.startswith("posterior:")] == []
     assert result.residual.shape == y.shape
     # recomputed from the result's own numbers: the reconstruction and the given noise
     # level (not the method's learned σ², recorded beside it with their ratio)

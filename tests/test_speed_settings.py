@@ -156,15 +156,15 @@ def test_dip_from_heldout_continues_from_the_held_out_fit_which_never_saw_its_ro
 
 
 def test_continued_fit_runs_the_tail_of_the_full_fits_learning_rate_schedule():
-    from ctuq.recon.dip import DIPConfig, _lr_factor
+    from ctuq.recon.dip import DIPConfig, lr_factor
     from ctuq.recon.model_error.shared import continued_config
 
     full = DIPConfig.for_image_size(64, iterations=1000, lr=1e-2, lr_min_factor=0.01,
                                     warmup=20)
     tail = continued_config(full, 0.3)
     assert tail.iterations == 300 and tail.warmup == 0
-    lr_full = [full.lr * _lr_factor(full)(i) for i in range(1000)]
-    lr_tail = [tail.lr * _lr_factor(tail)(i) for i in range(300)]
+    lr_full = [full.lr * lr_factor(full)(i) for i in range(1000)]
+    lr_tail = [tail.lr * lr_factor(tail)(i) for i in range(300)]
     # starts where the full fit is 300 steps before its end (not at the peak),
     # ends at the same floor, and decays monotonically in between
     assert abs(lr_tail[0] - lr_full[700]) < 1e-12 and lr_tail[0] < 0.3 * full.lr

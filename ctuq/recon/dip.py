@@ -352,7 +352,12 @@ def _as_sinogram(y, op, device) -> Tensor:
     return y.reshape(1, 1, *shape).to(device)
 
 
-def _lr_factor(config: DIPConfig):
+def lr_factor(config: DIPConfig) -> Callable[[int], float]:
+    """The learning-rate schedule of a fit: ``factor(i)``, step ``i``'s rate over ``config.lr``.
+
+    Linear warm-up over ``config.warmup`` steps, then constant or a cosine
+    decay from 1 to ``config.lr_min_factor`` at ``config.iterations``.
+    """
     n, warm, floor = int(config.iterations), int(config.warmup), float(config.lr_min_factor)
 
     def factor(i: int) -> float:
@@ -488,7 +493,7 @@ class _DipFit:
         """One host-driven step per iteration (the CPU path; bit-identical per seed)."""
         n_iter, every = self.n_iter, int(self.config.progress_every)
         optimizer = self._optimizer(self.config.lr)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(self.config))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(self.config))
         live = self.model.state_dict()  # detached views of the weights Adam updates in place
         hist = np.zeros((3, n_iter), dtype=np.float64)
         best_loss, best_iter, best_state, best_out = math.inf, -1, None, None
@@ -531,7 +536,7 @@ class _DipFit:
         """
         n_iter, every, config = self.n_iter, int(self.config.progress_every), self.config
         device = self.net_input.device
-        factor = _lr_factor(config)
+        factor = lr_factor(config)
         lr = torch.tensor(float(config.lr) * factor(0), device=device) if graph else config.lr
         optimizer = self._optimizer(lr)
         live = list(self.model.state_dict().values())

@@ -23,19 +23,20 @@ def dip_fit(problem, term=None, *, progress=None, cancel=None):
     problem : ReconstructionProblem
         ``y``, ``op``, ``dip`` (settings), ``noise``, ``uncertainty``.
     term : ModelErrorTerm, optional
-        The run's model-error term; only a term with ``fit_first`` (the
-        held-out one) shares its fit, and only when ``dip_from_heldout > 0``.
+        The run's model-error term; only a term whose
+        :meth:`~ctuq.recon.model_error.terms.ModelErrorTerm.fit_first` makes a
+        fit (the held-out one) shares it, and only when ``dip_from_heldout > 0``.
     progress, cancel : callable, optional
     """
     from ctuq.recon.dip import fit_dip
 
     share = float(problem.uncertainty.dip_from_heldout)
-    first = getattr(term, "fit_first", None)
-    if share <= 0 or first is None:
+    held = (term.fit_first(problem, progress=progress, cancel=cancel)
+            if share > 0 and term is not None else None)
+    if held is None:
         return fit_dip(problem.y, problem.op, problem.dip, noise_std=problem.noise.std,
                        ray_variance=problem.noise.ray_variance, progress=progress,
                        cancel=cancel)
-    held = first(problem, progress=progress, cancel=cancel)
     config = continued_config(problem.dip, share)
     return fit_dip(problem.y, problem.op, config, noise_std=problem.noise.std,
                    ray_variance=problem.noise.ray_variance, progress=progress, cancel=cancel,
@@ -63,11 +64,11 @@ def continued_config(dip_config, share: float):
     -------
     DIPConfig
     """
-    from ctuq.recon.dip import _lr_factor
+    from ctuq.recon.dip import lr_factor
 
     n = int(dip_config.iterations)
     m = max(1, round(n * float(share)))
-    start = _lr_factor(dip_config)(max(n - m, int(dip_config.warmup)))
+    start = lr_factor(dip_config)(max(n - m, int(dip_config.warmup)))
     floor = float(dip_config.lr_min_factor)
     return dip_config.with_(iterations=m, warmup=0, lr=float(dip_config.lr) * start,
                             lr_min_factor=min(1.0, floor / start) if start > 0 else 1.0)

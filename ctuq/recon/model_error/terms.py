@@ -111,6 +111,12 @@ class ModelErrorTerm:
         """Read the calibration this term needs (before any fit); returns ``self``."""
         return self
 
+    def fit_first(self, problem, *, progress=None, cancel=None):
+        """A DIP fit for the fit on all angles to continue from (``dip_from_heldout``
+        > 0), made before it and kept for :meth:`compute`, or None: this term
+        has no fit to share. Default None."""
+        return None
+
     def shared_fit(self):
         """The DIP fit this term made before the fit on all angles (a ``DIPResult``
         the fit on all angles continued from), or None. Default None."""
@@ -188,6 +194,8 @@ class HeldoutTerm(ModelErrorTerm):
     the calibration (:func:`heldout_prior`)."""
 
     name = HELDOUT
+    #: ``(mask, held-out fit)`` when :meth:`fit_first` made the fit, else None.
+    _first = None
 
     def prepare(self):
         self.calibration, self.source = heldout_prior(self.settings, self.preset,
@@ -213,15 +221,13 @@ class HeldoutTerm(ModelErrorTerm):
 
     def shared_fit(self):
         """The held-out fit made by :meth:`fit_first`, or None."""
-        first = getattr(self, "_first", None)
-        return None if first is None else first[1]
+        return None if self._first is None else self._first[1]
 
     def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
         s = self.settings
         v = problem.noise.ray_variance  # the count noise model's (None: every ray alike)
-        first = getattr(self, "_first", None)
-        if first is not None:  # made before the fit on all angles (fit_first)
-            mask, dip_in = first
+        if self._first is not None:  # made before the fit on all angles (fit_first)
+            mask, dip_in = self._first
         else:  # the DIP settings of the run (a resumed run's continued fit has fewer iterations)
             base = problem.dip if s.dip_from_heldout > 0 else fit.config
             mask, dip_in = heldout_fit(problem.y, problem.op,
