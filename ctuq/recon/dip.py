@@ -614,7 +614,7 @@ class _DipFit:
                     last = bad
                     break
                 self._report(i, h, float(best_loss_t), int(best_iter_t), best_out)
-        hist = books(last)[0] if copied <= last else hist[:, : last + 1]
+        hist = hist[:, : last + 1]  # the last iteration always reports: books() copied it
         best_iter = int(best_iter_t)
         if best_iter < 0:
             return hist, math.inf, -1, None, None

@@ -46,8 +46,9 @@ UNCERTAINTY_DEFAULTS: dict[str, dict] = {
     # Monte-Carlo error) and ±2σ coverage by <= 0.05 point on validation scans
     # (docs/speed.md), for half the predictive stage's time
     # dip_from_heldout stays 0: 0.5 gained 1.65 dB on 12 validation scans at 60
-    # angles and 5 % noise but lost up to 9 dB on test scans at 30 angles and 1 %
-    # noise (docs/speed.md)
+    # angles and 5 % noise; its test-split loss at 30 angles and 1 % noise turned out
+    # to be normalize's (the baseline predated it), so its effect at low noise is
+    # not known yet (docs/speed.md)
     # rank 400, not 200: at 1 % noise rank 200 left CG at its 200-iteration cap
     # (residual up to 480× the tolerance) and the std off by up to 4× on validation
     # scans; rank 400 converged on them in less time, and at 5 % noise changed
