@@ -1,4 +1,5 @@
-"""Shared fixtures: a private matrix cache, thread counts, the 28² toy problem, CUDA detection."""
+"""Shared fixtures: a private matrix cache, thread counts, the 28² toy problem and the 28²
+digit scan, CUDA detection."""
 
 import os
 import subprocess
@@ -59,6 +60,24 @@ def lik(problem, lin):
     from ctuq.recon.evidence import ct_likelihood
 
     return ct_likelihood(lin, problem.op, problem.y)
+
+
+def digit_sinogram(n_angles: int | None = 20, *, angles=None, seed: int = 1):
+    """The tests' 28² scan: the first digit, parallel beam, 5 % Gaussian noise (``seed``).
+
+    ``n_angles`` mid-point angles over 180°, or ``angles`` (radians) when given. A
+    :class:`~ctuq.data.io.Sinogram` with ``noise_std`` and the ground truth.
+    """
+    from ctuq.data.geometry import Geometry
+    from ctuq.data.io import Sinogram
+    from ctuq.data.operators import RayTransform
+    from ctuq.data.phantoms import digits
+    from ctuq.data.simulate import simulate_sinogram
+
+    g = Geometry.parallel(28, angles=angles) if angles is not None else Geometry.parallel(28, n_angles)
+    truth = digits(1)[0]
+    y, sigma = simulate_sinogram(truth, RayTransform(g), 0.05, seed=seed)
+    return Sinogram(y.numpy(), g, {"noise_std": sigma}, ground_truth=truth)
 
 
 def sample_posterior(likelihood, prior, noise_var, k, method="cg", **kw):

@@ -11,12 +11,10 @@ import pytest
 import torch
 
 import ctuq
-from ctuq.data.geometry import Geometry
 from ctuq.data.io import Result, read_result
-from ctuq.data.operators import RayTransform
-from ctuq.data.phantoms import digits
-from ctuq.data.simulate import simulate_sinogram
 from ctuq.errors import InputError
+
+from conftest import digit_sinogram
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,10 +27,8 @@ ANGLES_DEG = np.linspace(0.0, 180.0, 20, endpoint=False)
 
 @pytest.fixture(scope="module")
 def measured():
-    g = Geometry.parallel(28, angles=np.deg2rad(ANGLES_DEG))
-    truth = digits(1)[0]
-    y, sigma = simulate_sinogram(truth, RayTransform(g), 0.05, seed=1)
-    return y.numpy(), sigma, truth, g
+    scan = digit_sinogram(angles=np.deg2rad(ANGLES_DEG))
+    return scan.data, scan.meta["noise_std"], scan.ground_truth, scan.geometry
 
 
 @pytest.fixture(scope="module")

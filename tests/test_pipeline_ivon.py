@@ -8,14 +8,12 @@ import numpy as np
 import pytest
 
 import ctuq
-from ctuq.data.geometry import Geometry
-from ctuq.data.io import Sinogram, read_result, write_sinogram
-from ctuq.data.operators import RayTransform
-from ctuq.data.phantoms import digits
+from ctuq.data.io import read_result, write_sinogram
 from ctuq.errors import Cancelled, InputError
-from ctuq.data.simulate import simulate_sinogram
 from ctuq.recon import ivon_dip
 from ctuq.recon.config import LAPLACE_ONLY, ReconstructionConfig
+
+from conftest import digit_sinogram
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,10 +37,7 @@ IVON_STEPS = 20
 
 @pytest.fixture(scope="module")
 def scan():
-    g = Geometry.parallel(28, 20)
-    truth = digits(1)[0]
-    y, sigma = simulate_sinogram(truth, RayTransform(g), 0.05, seed=1)
-    return Sinogram(y.numpy(), g, {"noise_std": sigma}, ground_truth=truth)
+    return digit_sinogram(20)
 
 
 def test_ivon_from_toml_end_to_end(tmp_path, scan):

@@ -8,12 +8,10 @@ import numpy as np
 import pytest
 
 import ctuq
-from ctuq.data.geometry import Geometry
-from ctuq.data.operators import RayTransform
-from ctuq.data.phantoms import digits
-from ctuq.data.simulate import simulate_sinogram
 from ctuq.errors import InputError
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
+
+from conftest import digit_sinogram
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -28,10 +26,7 @@ def _config(**unc):
 
 @pytest.fixture(scope="module")
 def scan():
-    g = Geometry.parallel(28, n_angles=24)
-    truth = digits(1)[0]
-    y, sigma = simulate_sinogram(truth, RayTransform(g), 0.05, seed=1)
-    return ctuq.Sinogram(y.numpy(), g, {"noise_std": sigma}, ground_truth=truth)
+    return digit_sinogram(24)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,8 @@ from ctuq.data.simulate import simulate_sinogram
 from ctuq.recon.consistency import check_consistency, data_warnings
 from ctuq.recon.diagnostics import MISREGISTRATION_PX
 
+from conftest import digit_sinogram
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = ctuq.ReconstructionConfig(
@@ -31,10 +33,8 @@ ANGLES_DEG = np.linspace(0.0, 180.0, 20, endpoint=False)
 
 @pytest.fixture(scope="module")
 def measured():
-    g = Geometry.parallel(28, angles=np.deg2rad(ANGLES_DEG))
-    truth = digits(1)[0]
-    y, sigma = simulate_sinogram(truth, RayTransform(g), 0.05, seed=1)
-    return y.numpy(), sigma, truth, g
+    scan = digit_sinogram(angles=np.deg2rad(ANGLES_DEG))
+    return scan.data, scan.meta["noise_std"], scan.ground_truth, scan.geometry
 
 
 @pytest.fixture(scope="module")

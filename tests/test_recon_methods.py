@@ -11,11 +11,7 @@ import pytest
 import torch
 
 import ctuq
-from ctuq.data.geometry import Geometry
-from ctuq.data.io import Sinogram, read_result, write_sinogram
-from ctuq.data.operators import RayTransform
-from ctuq.data.phantoms import digits
-from ctuq.data.simulate import simulate_sinogram
+from ctuq.data.io import read_result, write_sinogram
 from ctuq.errors import InputError
 from ctuq.fields import setting, validate
 from ctuq.recon.config import ReconstructionConfig
@@ -23,6 +19,8 @@ from ctuq.recon.methods import METHODS, register
 from ctuq.recon.methods.base import UncertaintyMethod, UncertaintyOutcome
 from ctuq.recon.model_error import ModelErrorCoefficients
 from ctuq.recon.posterior_handle import PosteriorHandle
+
+from conftest import digit_sinogram
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,10 +30,7 @@ MC = {"method": "mc-dropout", "predictive_samples": 8, "stored_samples": 2,
 
 @pytest.fixture(scope="module")
 def scan():
-    g = Geometry.parallel(28, 20)
-    truth = digits(1)[0]
-    y, sigma = simulate_sinogram(truth, RayTransform(g), 0.05, seed=1)
-    return Sinogram(y.numpy(), g, {"noise_std": sigma}, ground_truth=truth)
+    return digit_sinogram(20)
 
 
 def _cfg(**unc):
