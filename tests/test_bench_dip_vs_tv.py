@@ -46,3 +46,25 @@ def test_fit_cases_cover_every_test_family_before_a_second_image(bench):
     assert [c["family"] for c in cs[:n]] == list(FAMILIES["test"])
     assert {c["index"] for c in cs[:n]} == {0} and {c["index"] for c in cs[n:]} == {1}
     assert len({c["id"] for c in cs}) == 2 * n
+
+
+def test_stored_case_scores_tv_at_its_default_and_its_best_weight(bench, tmp_path):
+    import numpy as np
+
+    from ctuq.bench.cases import _case, simulate
+
+    row = {**_case("test", "digits", 0, 28, 20, 0.05), "preset": "reference-28",
+           "times_s": {"dip": 1.0}}
+    truth = simulate(row).truth
+    blurred = 0.5 * (truth + np.roll(truth, 1, axis=0))      # a stand-in for a DIP image
+    np.savez(tmp_path / (row["id"].replace("/", "_") + ".npz"), truth=truth, x_hat=blurred)
+    out = bench.run_case(row, tmp_path)
+    m = out["methods"]
+    # the default weight is one of the weights tried: the best is at least as good
+    assert m["tv_best"]["factor"] in bench.TV_FACTORS and m["tv_best"]["psnr"] >= m["tv"]["psnr"]
+    assert out["dip_minus_tv_best_psnr"] == pytest.approx(m["dip_tv"]["psnr"] - m["tv_best"]["psnr"])
+    s = bench.summarise([out])
+    assert s["tv_best"]["psnr"] == pytest.approx(m["tv_best"]["psnr"])
+    assert s["dip_at_least_tv_best_psnr"] == int(out["dip_minus_tv_best_psnr"] >= 0)
+    # a missing array is skipped, not an error
+    assert bench.run_case({**row, "id": "test/digits/9/28/20/0.05"}, tmp_path) is None

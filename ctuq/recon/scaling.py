@@ -44,42 +44,48 @@ import torch
 
 from ctuq.errors import InputError
 
-__all__ = ["SCALE_PERCENTILE", "SCALE_FACTOR", "data_scale", "check_representable",
+__all__ = ["SCALE_FILTER", "SCALE_PERCENTILE", "SCALE_FACTOR", "data_scale",
+           "check_representable",
            "normalized_sinogram", "scaled_settings", "to_data_units", "in_data_units"]
 
-#: The percentile of the FBP image that sets the scale. 99.5 rather than the
-#: maximum: a handful of pixels (4 at 28², 20 at 64², 330 at 256²) may be hot
-#: (an outlier ray, noise) without moving it; and it is still a high value of
-#: the object, not of its background.
-SCALE_PERCENTILE = 99.5
-#: ``s = SCALE_FACTOR · P99.5(FBP)``. The FBP (Hann filter) blurs thin bright
-#: features: on the validation split (4 families, 12 scans at 28², 48 at 64²,
-#: 1-5 % noise) the true maximum over P99.5 of the FBP has median 1.23 / 1.20
-#: and maximum 2.57 / 1.81 at 28² / 64² (largest for the Shepp-Logan variants'
-#: rim, about 1 for digits and rectangles). A factor 2 keeps the normalised
-#: truth within the sigmoid's range on every 64² scan (at most 0.90) and 9 of
-#: the 12 at 28² (the three Shepp-Logan variants reach 1.29); digits and
-#: rectangles then sit near 0.5, in its linear part.
-SCALE_FACTOR = 2.0
+#: The FBP filter of the scale: the ramp without apodisation. A Hann window
+#: blurs thin bright features (a Shepp–Logan rim), so its high percentile
+#: sits far below the object's maximum (true maximum / P99.5 of the Hann FBP
+#: up to 1.81 at 64² on the validation split, 1.0 for plateaus: the ratio
+#: depends on the object); the unfiltered ramp keeps them (0.90–1.24 at 64²
+#: over 48 validation scans of four families, 1–5 % noise). Noise inflates
+#: this FBP's high values, which only lowers the normalised image.
+SCALE_FILTER = "Ram-Lak"
+#: The percentile of that FBP image that sets the scale: a high value of the
+#: object, not of a few hot pixels (0.1 % of them: 4 at 64², 65 at 256²).
+SCALE_PERCENTILE = 99.9
+#: ``s = SCALE_FACTOR · P99.9(FBP_ramp)``, chosen on the validation split
+#: (docs/dip.md §7): the DIP's image is best when the object's maximum sits
+#: high in the sigmoid's range (near 1) and much worse when it lies above
+#: it (clipped); the true maximum over this percentile is at most 1.24 at
+#: 64² (1.11 at 128², 1.46 at 28² where the percentile is the maximum), so
+#: the factor 1.25 puts it at or just below 1 on every 64² and 128²
+#: validation scan (plateaus, digits and rectangles, near 0.75–0.8).
+SCALE_FACTOR = 1.25
 
 
-def _fbp64(y: torch.Tensor, op) -> np.ndarray:
+def _fbp64(y: torch.Tensor, op, filter_type: str) -> np.ndarray:
     from ctuq.recon.baselines import fbp_reconstruction
 
-    return fbp_reconstruction(y, op).detach().cpu().double().numpy()
+    return fbp_reconstruction(y, op, filter_type).detach().cpu().double().numpy()
 
 
-def _unit_fbp(y: torch.Tensor, op) -> tuple[float, np.ndarray]:
+def _unit_fbp(y: torch.Tensor, op, filter_type: str = "Hann") -> tuple[float, np.ndarray]:
     """``(m, FBP(y / m))`` with ``m = max |y|``: the FBP of data of unit size, so that
     very small or very large data (``×1e-30``) neither underflow nor overflow float32."""
     m = float(y.detach().abs().max().double())
     if not (m > 0 and math.isfinite(m)):
         return 0.0, np.zeros(op.geometry.image_shape)
-    return m, _fbp64((y.double() / m).float(), op)
+    return m, _fbp64((y.double() / m).float(), op, filter_type)
 
 
 def data_scale(y: torch.Tensor, op) -> float:
-    """The data scale ``s = SCALE_FACTOR · P_SCALE_PERCENTILE(FBP(y))``, homogeneous of degree 1.
+    """The data scale ``s = SCALE_FACTOR · P_SCALE_PERCENTILE(FBP_SCALE_FILTER(y))``, homogeneous of degree 1.
 
     Parameters
     ----------
@@ -99,10 +105,10 @@ def data_scale(y: torch.Tensor, op) -> float:
     The FBP is linear and a percentile is positively homogeneous, so
     ``s(c·y) = c·s(y)`` for ``c > 0``; the FBP runs on ``y / max|y|`` and the
     result is multiplied back, so this holds to float rounding from ``1e-30``
-    to ``1e30``. See :data:`SCALE_PERCENTILE` and :data:`SCALE_FACTOR` for the
-    choice of the numbers.
+    to ``1e30``. See :data:`SCALE_FILTER`, :data:`SCALE_PERCENTILE` and
+    :data:`SCALE_FACTOR` for the choice.
     """
-    m, x = _unit_fbp(y, op)
+    m, x = _unit_fbp(y, op, SCALE_FILTER)
     if m == 0:
         return 0.0
     return SCALE_FACTOR * m * float(np.percentile(x, SCALE_PERCENTILE))
