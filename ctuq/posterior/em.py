@@ -45,7 +45,7 @@ from torch import Tensor
 from ctuq.errors import CtuqError, InputError
 from ctuq.posterior.mstep import EStepStats, Hyperprior, closed_form_mstep, estep_statistics
 from ctuq.posterior.priors import BlockPrior, GaussianPrior
-from ctuq.posterior.samples import PosteriorSample
+from ctuq.posterior.samples import PosteriorSample, max_residual
 from ctuq.progress import check_cancel, emit_progress, relay
 
 __all__ = ["EMOptions", "FittedPosterior", "fit_hyperparameters"]
@@ -458,7 +458,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
             "residual_norm": stats.residual_norm,
             "solver_iterations": int(sample.info.get("iterations", 0)),
             "solver_converged": bool(sample.info.get("converged", True)),
-            "solver_residual": _max_residual(sample.info),
+            "solver_residual": max_residual(sample.info),
             "change": None, "log_hyperprior": None,
         }
         last = converged or step == total - 1
@@ -502,11 +502,3 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
                            theta_star=mode.detach(), samples=sample.z.detach(), trace=trace,
                            options=opts, sampler=sampler, info=info, sample_state=sample,
                            stats=stats)
-
-
-def _max_residual(info: dict) -> float | None:
-    """The largest relative residual a sampler's solve ended with (None if not reported)."""
-    r = info.get("residuals")
-    if torch.is_tensor(r):
-        return float(r.max()) if r.numel() else None
-    return None

@@ -34,9 +34,17 @@ from torch import Tensor
 
 from ctuq.errors import InputError
 
-__all__ = ["PosteriorSample", "SamplerState", "WarmStart", "Sampler"]
+__all__ = ["PosteriorSample", "SamplerState", "WarmStart", "Sampler", "max_residual"]
 
 log = logging.getLogger(__name__)
+
+
+def max_residual(info: dict) -> float | None:
+    """The largest relative residual a sampler's solve ended with (None if not reported)."""
+    r = info.get("residuals")
+    if torch.is_tensor(r):
+        return float(r.max()) if r.numel() else None
+    return None
 
 
 @dataclass
@@ -212,7 +220,7 @@ class Sampler:
         res.info["k"] = k
         log.info("%s sampler: k=%d, %d iterations, converged %s, max residual %.2e, %.2f s",
                  self.method, k, res.info["iterations"], res.info["converged"],
-                 float(res.info["residuals"].max()) if res.info["residuals"].numel() else 0.0,
+                 max_residual(res.info) or 0.0,
                  res.info["time"])
         return res
 
