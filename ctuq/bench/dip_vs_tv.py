@@ -32,7 +32,7 @@ def run_case(row: dict, arrays) -> dict | None:
     hindsight (``tv_best``, the oracle no user has).
     """
     from ctuq.errors import InputError
-    from ctuq.recon.baselines import default_tv_weight, fbp_reconstruction, tv_reconstruction
+    from ctuq.recon.baselines import fbp_reconstruction
     from ctuq.recon.presets import DIP_DEFAULTS
 
     npz = Path(arrays) / (row["id"].replace("/", "_") + ".npz")
@@ -43,12 +43,7 @@ def run_case(row: dict, arrays) -> dict | None:
     truth, op, y, sigma = scan.truth, scan.op, scan.y, scan.sigma
     if not np.array_equal(truth, stored["truth"]):
         raise InputError("the stored truth is not the case's phantom", file=npz, field="truth")
-    tv = {}
-    for f in TV_FACTORS:
-        t0 = time.perf_counter()
-        rec = tv_reconstruction(y, op, weight=f * default_tv_weight(op, sigma))
-        tv[f] = {**image_metrics(truth, rec), "time_s": time.perf_counter() - t0}
-    best = max(tv, key=lambda f: tv[f]["psnr"])
+    tv, best = tv_at_factors(truth, y, op, sigma)
     out = {k: row[k] for k in ("id", "family", "size", "condition", "preset")}
     out["methods"] = {"fbp": image_metrics(truth, fbp_reconstruction(y, op)),
                       "tv": tv[1.0], "tv_best": {**tv[best], "factor": best},
@@ -163,22 +158,33 @@ def sweep_cases(size: int, per_family: int, split: str = "validation",
             for i in range(per_family) for f in (families or FAMILIES[split])]
 
 
-def run_tv_sweep_case(case: dict) -> dict:
-    """FBP and TV at every weight of :data:`TV_FACTORS` on the case's scan (noise draw 0)."""
-    from ctuq.recon.baselines import default_tv_weight, fbp_reconstruction, tv_reconstruction
+def tv_at_factors(truth, y, op, sigma: float) -> tuple[dict, float]:
+    """TV (PDHG) at every weight of :data:`TV_FACTORS` × the default weight for ``sigma``.
 
-    scan = simulate(case, offset=0)
-    base = default_tv_weight(scan.op, scan.sigma)
+    Returns ``({factor: metrics and time_s}, the factor of the highest PSNR)``:
+    the best weight in hindsight, chosen with the truth.
+    """
+    from ctuq.recon.baselines import default_tv_weight, tv_reconstruction
+
+    base = default_tv_weight(op, sigma)
     tv = {}
     for f in TV_FACTORS:
         t0 = time.perf_counter()
-        rec = tv_reconstruction(scan.y, scan.op, weight=f * base)
-        tv[str(f)] = {**image_metrics(scan.truth, rec), "time_s": time.perf_counter() - t0}
-    best = max(tv, key=lambda k: tv[k]["psnr"])
+        rec = tv_reconstruction(y, op, weight=f * base)
+        tv[f] = {**image_metrics(truth, rec), "time_s": time.perf_counter() - t0}
+    return tv, max(tv, key=lambda f: tv[f]["psnr"])
+
+
+def run_tv_sweep_case(case: dict) -> dict:
+    """FBP and TV at every weight of :data:`TV_FACTORS` on the case's scan (noise draw 0)."""
+    from ctuq.recon.baselines import fbp_reconstruction
+
+    scan = simulate(case, offset=0)
+    tv, best = tv_at_factors(scan.truth, scan.y, scan.op, scan.sigma)
     out = {k: case[k] for k in ("id", "family", "size", "condition")}
     out["fbp"] = image_metrics(scan.truth, fbp_reconstruction(scan.y, scan.op))
-    out["tv"] = tv
-    out["tv_default"] = tv["1.0"]
+    out["tv"] = {str(f): v for f, v in tv.items()}
+    out["tv_default"] = tv[1.0]
     out["tv_best"] = {**tv[best], "factor": float(best)}
     return out
 

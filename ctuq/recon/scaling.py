@@ -45,8 +45,8 @@ import torch
 from ctuq.errors import InputError
 
 __all__ = ["SCALE_FILTER", "SCALE_PERCENTILE", "SCALE_FACTOR", "data_scale",
-           "check_representable",
-           "normalized_sinogram", "scaled_settings", "to_data_units", "in_data_units"]
+           "check_representable", "normalized_sinogram", "scaled_settings", "to_data_units",
+           "in_data_units"]
 
 #: The FBP filter of the scale: the ramp without apodisation. A Hann window
 #: blurs thin bright features (a Shepp–Logan rim), so its high percentile
@@ -85,7 +85,9 @@ def _unit_fbp(y: torch.Tensor, op, filter_type: str = "Hann") -> tuple[float, np
 
 
 def data_scale(y: torch.Tensor, op) -> float:
-    """The data scale ``s = SCALE_FACTOR · P_SCALE_PERCENTILE(FBP_SCALE_FILTER(y))``, homogeneous of degree 1.
+    """The data scale ``s = SCALE_FACTOR · P_SCALE_PERCENTILE(FBP(y))``, homogeneous of degree 1.
+
+    The FBP with the :data:`SCALE_FILTER` filter.
 
     Parameters
     ----------
