@@ -91,6 +91,9 @@ def main(argv=None):
     ap.add_argument("--ivon", action="store_true",
                     help="also IVON from the same Adam fit (methods ivon, ivon_heldout); "
                          "cases of --partial scored without it get it (fits redone)")
+    ap.add_argument("--set", default=None, metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="settings of every reconstruction of the run, as in --variant "
+                         "(e.g. uncertainty.laplace.mean=linear)")
     ap.add_argument("--limit", type=int, default=None,
                     help="run at most this many cases now, in the list's order (every "
                          "family and condition before a second image); the rest stay "
@@ -140,7 +143,8 @@ def main(argv=None):
         predcp_variants={"both": (False, True), "off": (False,), "on": (True,)}[args.predcp],
         calibration=args.calibration, arrays=args.arrays, ivon=args.ivon,
         mc_dropout=not args.no_mc_dropout, mc_samples=args.mc_samples,
-        normalize=None if args.normalize is None else args.normalize == "on")
+        normalize=None if args.normalize is None else args.normalize == "on",
+        settings=cal.parse_variant("set:" + args.set)[1] if args.set else None)
     planned = (realistic_cases if args.realistic else calibration_cases)(
         args.split, sizes, args.per_family, conditions)
     cases = planned

@@ -188,3 +188,17 @@ def test_variant_settings_reach_the_reconstruction_config():
     assert name == "_plain"
     assert settings == {"noise_model": "gaussian", "dip": {"iterations": 500},
                         "uncertainty": {"predcp": True}}
+
+
+def test_run_settings_reach_every_reconstruction_under_the_variants_own():
+    run = bench_calibration.CalibrationRun(settings={
+        "uncertainty": {"laplace": {"mean": "linear", "em_steps": 3}}, "dip": {"lr": 2e-3}})
+    case = calibration_cases("validation", [28], 1)[0]
+    plain = bench_calibration.reconstruction_config(case, run)
+    _, unc = plain.resolve((28, 28))
+    assert unc.laplace.mean == "linear" and unc.laplace.em_steps == 3
+    assert plain.resolve((28, 28))[0].lr == 2e-3
+    variant = bench_calibration.reconstruction_config(
+        case, run, {"uncertainty": {"laplace": {"em_steps": 1}}})
+    dip, unc = variant.resolve((28, 28))
+    assert (unc.laplace.mean, unc.laplace.em_steps, dip.lr) == ("linear", 1, 2e-3)

@@ -68,3 +68,58 @@ def test_stored_case_scores_tv_at_its_default_and_its_best_weight(bench, tmp_pat
     assert s["dip_at_least_tv_best_psnr"] == int(out["dip_minus_tv_best_psnr"] >= 0)
     # a missing array is skipped, not an error
     assert bench.run_case({**row, "id": "test/digits/9/28/20/0.05"}, tmp_path) is None
+
+
+def test_heldout_variant_traces_the_left_out_residual_and_stops_at_its_minimum(bench):
+    import dataclasses
+
+    import torch
+
+    from ctuq.bench.cases import simulate
+    from ctuq.data.operators import RayTransform
+    from ctuq.recon.dip import DIPConfig
+    from ctuq.recon.model_error.heldout import heldout_fit, heldout_split
+    from ctuq.recon.scaling import data_scale
+
+    case = bench.sweep_cases(28, 1, families=["digits"])[0]
+    row = bench.run_dip_variant_case(case, {"iterations": 30, "heldout_every": 6},
+                                     monitor_every=10)
+    trace = row["trace"]
+    assert [t[0] for t in trace] == [10, 20, 30] and all(len(t) == 4 for t in trace)
+    stop = min(trace, key=lambda t: t[3])
+    assert row["heldout_stop"] == {"iteration": stop[0], "psnr": stop[2],
+                                   "peak_psnr": max(t[2] for t in trace)}
+    assert row["changes"] == {"iterations": 30, "heldout_every": 6}
+    # the traced residual is that of the left-out rows (20 angles: every 3rd, 7 out), at
+    # the fit's scale; the last traced view is the returned reconstruction
+    scan = simulate(case, offset=0)
+    s = data_scale(scan.y, scan.op)
+    assert row["normalized"] and row["data_scale"] == pytest.approx(s)
+    mask = heldout_split(scan.op.geometry.n_angles, 6, 7)
+    assert mask.sum() == 7
+    op_out = RayTransform(dataclasses.replace(scan.op.geometry,
+                                              angles=scan.op.geometry.angles[mask]))
+    assert trace[-1][2] == pytest.approx(row["dip_tv"]["psnr"], abs=1e-3)
+    cfg = DIPConfig.preset_defaults("reference-28", device="cpu", progress_every=10,
+                                    iterations=30)
+    _, dip = heldout_fit(scan.y / s, scan.op, cfg, every=6, min_out=7, noise_std=scan.sigma / s)
+    y_out = torch.as_tensor(scan.y)[torch.as_tensor(mask)] / s
+    with torch.no_grad():
+        expected = float(((op_out(dip.reconstruction) - y_out) ** 2).mean())
+    assert trace[-1][3] == pytest.approx(expected, rel=1e-4)
+    # the held-out fit is not the fit on all angles
+    full = bench.run_dip_variant_case(case, {"iterations": 30}, monitor_every=30)
+    assert full["dip_tv"]["psnr"] != pytest.approx(row["dip_tv"]["psnr"], abs=1e-3)
+
+
+def test_unnormalized_variant_fits_the_data_as_simulated(bench):
+    case = bench.sweep_cases(28, 1, families=["digits"])[0]
+    plain = bench.run_dip_variant_case(case, {"iterations": 10}, monitor_every=10,
+                                       normalize=False)
+    scaled = bench.run_dip_variant_case(case, {"iterations": 10}, monitor_every=10)
+    assert plain["data_scale"] == 1.0 and not plain["normalized"]
+    assert scaled["data_scale"] != 1.0
+    # different data given to the same seeded fit: different images
+    assert plain["dip_tv"]["psnr"] != pytest.approx(scaled["dip_tv"]["psnr"], abs=1e-3)
+    s = bench.summarise_sweep([], [{**plain, "variant": "v"}])
+    assert s == {"28": {}}  # no TV row for the case: nothing is compared

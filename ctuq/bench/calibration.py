@@ -102,6 +102,11 @@ class CalibrationRun:
     normalize : bool or None
         ``normalize`` of every reconstruction (:mod:`ctuq.recon.scaling`).
         Default None (the product's default).
+    settings : dict or None
+        Settings of every reconstruction of the run (a
+        :class:`~ctuq.ReconstructionConfig` dict, e.g. ``{"uncertainty":
+        {"laplace": {"mean": "linear"}}}``), under each variant's own.
+        Default None.
     """
 
     threads: int = 1
@@ -116,6 +121,7 @@ class CalibrationRun:
     uncertainty: dict | None = None
     variants: tuple = ()
     normalize: bool | None = None
+    settings: dict | None = None
 
 
 def reconstruction_config(case: dict, run: CalibrationRun, settings: dict | None = None,
@@ -130,7 +136,9 @@ def reconstruction_config(case: dict, run: CalibrationRun, settings: dict | None
 
     unc = {"model_error": HELDOUT, **({"em_steps": 2} if run.quick else {}),
            **(run.uncertainty or {}), **uncertainty}
-    settings = dict(settings or {})
+    from ctuq.bench.speed import merge_settings
+
+    settings = merge_settings(run.settings or {}, settings or {})
     dip = {**({"iterations": run.quick_iterations} if run.quick else {}),
            **settings.pop("dip", {})}
     unc.update(settings.pop("uncertainty", {}))
@@ -572,6 +580,7 @@ def benchmark(cases: list[dict], run: CalibrationRun, *, partial=None, jobs: int
            "cases_planned": len(cases) if cases_planned is None else cases_planned,
            "predcp_variants": list(run.predcp_variants), "default": default,
            **({} if run.normalize is None else {"normalize": run.normalize}),
+           **({"settings": run.settings} if run.settings else {}),
            "calibration": repo_relative(run.calibration) if run.calibration else None,
            "jobs": jobs, "threads": run.threads, "machine": machine("cpu"),
            "date": time.strftime("%Y-%m-%d"), "wall_time_s": time.perf_counter() - t0,

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ctuq.bench.cases import fit_cases, simulate
 from ctuq.bench.scores import image_metrics
@@ -56,6 +57,16 @@ def run_case(row: dict, arrays) -> dict | None:
     return out
 
 
+def fitted_data(scan, normalize: bool = True) -> tuple[float, object, float]:
+    """``(s, y / s, σ / s)``: the data as ``ctuq.reconstruct`` fits them, ``s`` the data
+    scale (:func:`ctuq.recon.scaling.data_scale`; 1 when ``normalize`` is False). A fit's
+    image times ``s`` is in the data's units."""
+    from ctuq.recon.scaling import data_scale
+
+    scale = float(data_scale(scan.y, scan.op)) if normalize else 1.0
+    return scale, scan.y / scale, scan.sigma / scale
+
+
 def run_fit_case(case: dict, monitor_every: int = 25) -> dict:
     """FBP, TV and a DIP+TV fitted here (the size's preset), with its PSNR trace."""
     from ctuq.models.unet import preset_name_for_size
@@ -66,6 +77,7 @@ def run_fit_case(case: dict, monitor_every: int = 25) -> dict:
     c, truth, op, y, sigma = scan.case, scan.truth, scan.op, scan.y, scan.sigma
     t0 = time.perf_counter()
     tv = image_metrics(truth, tv_reconstruction(y, op, noise_std=sigma))
+    scale, y, sigma = fitted_data(scan)  # the DIP sees the data as ctuq.reconstruct does
     tv["time_s"] = time.perf_counter() - t0
     preset = preset_name_for_size(c.size)
     cfg = DIPConfig.preset_defaults(preset, device="cpu", progress_every=monitor_every)
@@ -73,15 +85,17 @@ def run_fit_case(case: dict, monitor_every: int = 25) -> dict:
     t0 = time.perf_counter()
 
     def monitor(iteration, image):
-        trace.append((iteration, time.perf_counter() - t0, image_metrics(truth, image)["psnr"]))
+        trace.append((iteration, time.perf_counter() - t0,
+                      image_metrics(truth, image * scale)["psnr"]))
 
     dip = fit_dip(y, op, cfg, noise_std=sigma, monitor=monitor)
     reached = next(((it, sec) for it, sec, p in trace if p >= tv["psnr"]), (None, None))
     out = {k: case[k] for k in ("id", "family", "size", "condition")}
     out["preset"] = preset
     out["methods"] = {"fbp": image_metrics(truth, fbp_reconstruction(y, op)), "tv": tv,
-                      "dip_tv": {**image_metrics(truth, dip.reconstruction), "time_s": dip.wall_time,
-                                 "iterations": cfg.iterations}}
+                      "dip_tv": {**image_metrics(truth, dip.reconstruction * scale),
+                                 "time_s": dip.wall_time, "iterations": cfg.iterations}}
+    out["data_scale"] = scale
     out["dip_iterations_to_tv_psnr"], out["dip_seconds_to_tv_psnr"] = reached
     out["dip_psnr_trace"] = [[it, round(sec, 2), round(p, 3)] for it, sec, p in trace]
     out["dip_minus_tv_psnr"] = out["methods"]["dip_tv"]["psnr"] - tv["psnr"]
@@ -175,11 +189,15 @@ def tv_at_factors(truth, y, op, sigma: float) -> tuple[dict, float]:
     return tv, max(tv, key=lambda f: tv[f]["psnr"])
 
 
-def run_tv_sweep_case(case: dict) -> dict:
-    """FBP and TV at every weight of :data:`TV_FACTORS` on the case's scan (noise draw 0)."""
+def run_tv_sweep_case(case: dict, offset: int | None = 0) -> dict:
+    """FBP and TV at every weight of :data:`TV_FACTORS` on the case's scan.
+
+    ``offset``: the noise draw (:func:`~ctuq.bench.cases.simulate`; 0, the
+    first, for the sweeps; None, the condition's own, for a calibration
+    benchmark's cases)."""
     from ctuq.recon.baselines import fbp_reconstruction
 
-    scan = simulate(case, offset=0)
+    scan = simulate(case, offset=offset)
     tv, best = tv_at_factors(scan.truth, scan.y, scan.op, scan.sigma)
     out = {k: case[k] for k in ("id", "family", "size", "condition")}
     out["fbp"] = image_metrics(scan.truth, fbp_reconstruction(scan.y, scan.op))
@@ -189,37 +207,80 @@ def run_tv_sweep_case(case: dict) -> dict:
     return out
 
 
-def run_dip_variant_case(case: dict, changes: dict, monitor_every: int = 100) -> dict:
-    """DIP+TV on the case's scan (noise draw 0): the size's preset with ``changes`` applied.
+def run_dip_variant_case(case: dict, changes: dict, monitor_every: int = 100, *,
+                         normalize: bool = True, offset: int | None = 0) -> dict:
+    """DIP+TV on the case's scan: the size's preset with ``changes`` applied.
 
     ``changes`` are :class:`~ctuq.recon.dip.DIPConfig` fields (e.g.
     ``tv_weight_factor``, ``net_input``, ``iterations``, ``lr``,
-    ``warm_start``). The fit is monitored every ``monitor_every`` iterations:
-    the PSNR of the lowest-loss iterate so far and the seconds spent, i.e.
-    what a run stopped there would have returned (with the learning rate of
-    this run's schedule, not that of a shorter one).
+    ``warm_start``), and optionally ``heldout_every``: fit without every
+    that-many-th angle (the held-out model error's fit,
+    :func:`~ctuq.recon.model_error.heldout.heldout_fit`, at least 7 angles
+    out) and trace the left-out projections' mean squared residual beside
+    the PSNR, the ground-truth-free stopping signal; ``heldout_stop`` is the
+    traced iterate of the lowest held-out residual (iteration, PSNR).
+
+    The fit is monitored every ``monitor_every`` iterations: the PSNR of the
+    lowest-loss iterate so far and the seconds spent, i.e. what a run stopped
+    there would have returned (with the learning rate of this run's
+    schedule, not that of a shorter one).
+
+    ``normalize`` (the default, as ``ctuq.reconstruct`` does): the fit sees
+    ``y / s`` with ``s`` = :func:`ctuq.recon.scaling.data_scale` (σ too),
+    and its image is multiplied back by ``s`` before it is scored; False
+    fits the data as simulated (docs/dip.md §6's sweeps). ``offset``: the
+    noise draw, as in :func:`run_tv_sweep_case`.
     """
+    import dataclasses
+
+    from ctuq.data.operators import RayTransform
     from ctuq.models.unet import preset_name_for_size
     from ctuq.recon.dip import DIPConfig, fit_dip
+    from ctuq.recon.model_error.heldout import heldout_fit
 
-    scan = simulate(case, offset=0)
+    changes = dict(changes)
+    every = changes.pop("heldout_every", None)
+    scan = simulate(case, offset=offset)
+    scale, y, sigma = fitted_data(scan, normalize)
     cfg = DIPConfig.preset_defaults(preset_name_for_size(case["size"]), device="cpu",
                                     progress_every=monitor_every, **changes)
     trace = []
+    out_rows = None  # the held-out fit's left-out projections and their operator
     t0 = time.perf_counter()
 
     def monitor(iteration, image):
-        trace.append([iteration, round(time.perf_counter() - t0, 2),
-                      round(image_metrics(scan.truth, image)["psnr"], 3)])
+        point = [iteration, round(time.perf_counter() - t0, 2),
+                 round(image_metrics(scan.truth, image * scale)["psnr"], 3)]
+        if out_rows is not None:
+            op_out, y_out = out_rows
+            with torch.no_grad():
+                point.append(float(((op_out(image) - y_out) ** 2).mean()))
+        trace.append(point)
 
-    dip = fit_dip(scan.y, scan.op, cfg, noise_std=scan.sigma, monitor=monitor)
+    if every is None:
+        dip = fit_dip(y, scan.op, cfg, noise_std=sigma, monitor=monitor)
+    else:
+        from ctuq.recon.model_error.heldout import heldout_split
+
+        geometry = scan.op.geometry
+        mask = heldout_split(geometry.n_angles, int(every), 7)
+        op_out = RayTransform(dataclasses.replace(geometry, angles=geometry.angles[mask]))
+        out_rows = (op_out, torch.as_tensor(y)[torch.as_tensor(mask)])
+        _, dip = heldout_fit(y, scan.op, cfg, every=int(every), min_out=7, noise_std=sigma,
+                             monitor=monitor)
     out = {k: case[k] for k in ("family", "size", "condition")}
     out["case"] = case["id"]
-    out["changes"] = changes
-    out["dip_tv"] = {**image_metrics(scan.truth, dip.reconstruction), "time_s": dip.wall_time,
-                     "iterations": cfg.iterations, "best_iteration": dip.best_iteration,
-                     "tv_weight": dip.tv_weight}
+    out["changes"] = {**changes, **({} if every is None else {"heldout_every": every})}
+    out["normalized"] = bool(normalize)
+    out["data_scale"] = scale
+    out["dip_tv"] = {**image_metrics(scan.truth, dip.reconstruction * scale),
+                     "time_s": dip.wall_time, "iterations": cfg.iterations,
+                     "best_iteration": dip.best_iteration, "tv_weight": dip.tv_weight}
     out["trace"] = trace
+    if every is not None:
+        stop = min(trace, key=lambda t: t[3])
+        out["heldout_stop"] = {"iteration": stop[0], "psnr": stop[2],
+                               "peak_psnr": max(t[2] for t in trace)}
     return out
 
 
@@ -252,7 +313,8 @@ def summarise_sweep(tv_rows: list[dict], dip_rows: list[dict]) -> dict:
                         "dip_minus_tv_best_min": float(np.min(d_best)),
                         "dip_minus_tv_default": float(np.mean(d_def)),
                         "dip_at_least_tv_best": int(sum(x >= 0 for x in d_best)),
-                        "dip_time_s": float(np.mean([r["dip_tv"]["time_s"] for r in sel]))}
+                        "dip_time_s": float(np.mean([r["dip_tv"]["time_s"] for r in sel])),
+                        **_heldout_stop_stats(sel)}
 
             if not rows:
                 continue
@@ -262,6 +324,19 @@ def summarise_sweep(tv_rows: list[dict], dip_rows: list[dict]) -> dict:
     return out
 
 
+def _heldout_stop_stats(rows: list[dict]) -> dict:
+    """Mean PSNR at the held-out stop, at the trace's peak (oracle) and at the end; {} if
+    the rows were not fitted with ``heldout_every``."""
+    if not rows or not all("heldout_stop" in r for r in rows):
+        return {}
+    stop = [r["heldout_stop"]["psnr"] for r in rows]
+    return {"heldout_stop_psnr": float(np.mean(stop)),
+            "heldout_peak_psnr": float(np.mean([r["heldout_stop"]["peak_psnr"] for r in rows])),
+            "heldout_stop_minus_end": float(np.mean(
+                [a - r["dip_tv"]["psnr"] for a, r in zip(stop, rows)])),
+            "heldout_stop_iteration": [r["heldout_stop"]["iteration"] for r in rows]}
+
+
 def run_reconstruct_case(case: dict, changes: dict, uncertainty: dict | None = None) -> dict:
     """``ctuq.reconstruct`` of the case's scan (noise draw 0) with DIP overrides ``changes``.
 
@@ -269,7 +344,9 @@ def run_reconstruct_case(case: dict, changes: dict, uncertainty: dict | None = N
     ``changes`` (``dip`` fields, e.g. ``warm_start``) and ``uncertainty``
     overrides; seed = the image index, CPU. Scores (:func:`ctuq.bench.scores.score`)
     of the Laplace posterior std alone (``posterior``) and of the total std
-    (``total``): ±1/2/3σ coverage, log-likelihood, PSNR.
+    (``total``): ±1/2/3σ coverage, log-likelihood, PSNR; ``dip_image``: PSNR
+    and SSIM of the DIP fit itself (the reconstruction unless the method
+    shows another, e.g. ``mean = 'linear'``).
     """
     import ctuq
     from ctuq.bench.cases import sinogram
@@ -287,6 +364,8 @@ def run_reconstruct_case(case: dict, changes: dict, uncertainty: dict | None = N
     return {"case": case["id"], "family": case["family"], "size": case["size"],
             "condition": case["condition"], "changes": changes,
             "uncertainty": uncertainty or {}, "time_s": time.perf_counter() - t0,
+            "dip_image": image_metrics(scan.truth, result.dip),
+            "stages_s": result.provenance.get("stages", {}).get("seconds", {}),
             "posterior": {k: v for k, v in score(scan.truth, x_hat, result.posterior_std).items()
                           if k in keep},
             "total": {k: v for k, v in score(scan.truth, x_hat, result.std).items()

@@ -87,6 +87,7 @@ from ctuq.classify.ivon import DEFAULTS as IVON_DEFAULTS
 from ctuq.classify.ivon import settings_for as ivon_settings_for
 from ctuq.classify.report import (BenchResult, MethodResult, aggregate, benchmark_document,
                                   environment, pooled_reliability, rotation_rows)
+from ctuq.posterior.samples import max_residual
 from ctuq.progress import check_cancel, emit_progress
 
 __all__ = ["BenchConfig", "MethodResult", "BenchResult", "run_benchmark", "aggregate",
@@ -468,7 +469,7 @@ def run_benchmark(data: ClassificationData | str = "digits", methods=DEFAULT_MET
                  "em_trace": em.trace, "em_seconds": em.info["seconds"],
                  "sto_iterations": sample.info["iterations"],
                  "sto_seconds": sample.info["time"],
-                 "sto_max_residual": float(sample.info["residuals"].max())}
+                 "sto_max_residual": max_residual(sample.info)}
         fs = _cached(lambda x, lin=lin, z=sample.z + shift: C.function_samples(lin, z, x))
         mean_logits = _cached(lambda x, lin=lin, sh=shift.reshape(1, -1):
                               C.function_samples(lin, sh, x)[0])

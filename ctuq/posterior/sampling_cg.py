@@ -32,7 +32,8 @@ from torch import Tensor
 
 from ctuq.errors import InputError
 from ctuq.posterior.preconditioner import NystromPreconditioner, pick_preconditioner
-from ctuq.posterior.samples import PosteriorSample, Sampler, SamplerState, WarmStart
+from ctuq.posterior.samples import (PosteriorSample, Sampler, SamplerState, WarmStart,
+                                    max_residual)
 from ctuq.progress import check_cancel, emit_progress
 
 __all__ = ["CGOptions", "CGSampler", "ObservationKernel", "batched_cg"]
@@ -343,7 +344,7 @@ class CGSampler(Sampler):
                       f"CG done: {info['iterations']} iterations")
         if not info["converged"]:
             log.warning("CG did not reach tol %.1e in %d iterations (max residual %.2e)",
-                        options.tol, options.max_iter, float(info["residuals"].max()))
+                        options.tol, options.max_iter, max_residual(info))
         info.update(method="cg", time_setup=t_setup, time_solve=t_solve,
                     # every iteration is one K product; the solve adds one for a warm start's
                     # initial residual and one for the true final residual

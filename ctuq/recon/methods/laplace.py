@@ -3,7 +3,8 @@
     DIP fit θ̃ ─▶ linearisation J ─▶ EM of the prior and noise (TV-PredCP)
               ─▶ posterior samples J z ─▶ std
 
-The reconstruction is the DIP output; docs/method.md §6–7 has the method,
+The reconstruction is the DIP output, or with ``mean = 'linear'`` the
+linearised model's posterior mean; docs/method.md §6–7 has the method,
 docs/evidence.md the measurements behind the defaults.
 """
 
@@ -18,7 +19,8 @@ from ctuq.progress import check_cancel, emit_progress
 from ctuq.recon.methods.base import UncertaintyMethod, UncertaintyOutcome
 from ctuq.recon.methods.laplace_settings import LaplaceSettings
 
-__all__ = ["LaplaceSettings", "LaplaceMethod", "laplace_posterior", "PREDICTIVE_BATCH"]
+__all__ = ["LaplaceSettings", "LaplaceMethod", "laplace_posterior", "linear_mean_shift",
+           "PREDICTIVE_BATCH"]
 
 #: Predictive samples per solver call: progress and cancel between batches.
 #: The solver's work is linear in the batch; each extra call adds only the
@@ -104,6 +106,13 @@ def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: Lapl
             "options": options}
 
 
+def linear_mean_shift(lin, post) -> torch.Tensor:
+    """``J (θ* − θ̃)``, shape ``(H, W)``: the linearised model's posterior mean minus the
+    DIP output (``θ*`` the fitted posterior's mode, ``θ̃`` the linearisation point)."""
+    with torch.no_grad():
+        return lin.linear_model(post.theta_star.to(lin.theta_hat)) - lin.x_hat
+
+
 class LaplaceMethod(UncertaintyMethod):
     """The linearised Laplace posterior with sample-based evidence (the default)."""
 
@@ -124,6 +133,8 @@ class LaplaceMethod(UncertaintyMethod):
                                 ray_variance=problem.noise.ray_variance)
         post = out["posterior"]
         mean = dip.reconstruction.detach()
+        if s.mean == "linear":
+            mean = mean + linear_mean_shift(out["linearization"], post).to(mean)
         return UncertaintyOutcome(
             reconstruction=mean, variance=out["variance"].double().cpu(),
             samples=mean + out["image_samples"], fluctuations=out["image_samples"],
@@ -131,4 +142,5 @@ class LaplaceMethod(UncertaintyMethod):
             posterior=LinearisedPosterior(post, out["linearization"], mean.cpu().numpy(),
                                           seed=problem.seed),
             hyperparameters=post.hyperparameters(), trace=post.trace,
-            summary={"evidence": options_summary(out["options"])}, timings=out["timings"])
+            summary={"evidence": options_summary(out["options"])}, timings=out["timings"],
+            refit=s.mean == "linear")

@@ -69,6 +69,12 @@ class LaplaceSettings:
         all angles (full batch, stopping early at its tolerance).
     sto_iterations : int
         ``sampler = 'sto'``: most steps per solve. Default 1000.
+    mean : {'dip', 'linear'}
+        The reconstruction shown, the centre of the samples: the DIP's
+        output ``f(θ̃)`` (the linearisation point), or the posterior mean of
+        the linearised model, ``f(θ̃) + J (θ* − θ̃)`` (``θ*`` the mode the EM
+        computes at its final hyperparameters: one Gauss–Newton step of the
+        data fit under the fitted prior, no extra solve). Default ``'dip'``.
     """
 
     prior: str = setting("gprior", kind=str, choices=tuple(PRIORS),
@@ -101,6 +107,9 @@ class LaplaceSettings:
                                          doc="sto: projection angles per step (default: all).")
     sto_iterations: int = setting(1000, kind=int, minimum=1, maximum=10**7,
                                   doc="sto: most steps per solve.")
+    mean: str = setting("dip", kind=str, choices=("dip", "linear"),
+                        doc="Reconstruction shown: the DIP output or the linearised "
+                            "model's posterior mean.")
 
     def __post_init__(self):
         validate(self, prefix="uncertainty.laplace")

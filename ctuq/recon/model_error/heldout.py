@@ -62,7 +62,7 @@ def _every_kth(n_angles: int, every: int) -> np.ndarray:
 
 def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
                 noise_std: float | None = None, ray_variance=None, progress=None,
-                cancel=None):
+                cancel=None, monitor=None):
     """The DIP fit without every ``every``-th angle, for :func:`fit_heldout`.
 
     The network input is the FBP of the kept angles only, so nothing of the
@@ -90,6 +90,8 @@ def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
         as in :func:`ctuq.recon.dip.fit_dip`. Default None.
     progress, cancel : callable, optional
         Progress events carry the stage ``'model error'``.
+    monitor : callable, optional
+        ``monitor(iteration, image)`` as in :func:`ctuq.recon.dip.fit_dip`.
 
     Returns
     -------
@@ -116,7 +118,7 @@ def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
         ray_variance, dtype=torch.float32).reshape(geometry.range_shape)[keep]
     dip = fit_dip(y[keep.to(y.device)], op_in, dip_config, noise_std=noise_std,
                   ray_variance=v_in, progress=progress, cancel=cancel, stage="model error",
-                  net_input=net_input)
+                  net_input=net_input, monitor=monitor)
     return out_mask, dip
 
 
