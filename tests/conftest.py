@@ -80,6 +80,35 @@ def digit_sinogram(n_angles: int | None = 20, *, angles=None, seed: int = 1):
     return Sinogram(y.numpy(), g, {"noise_std": sigma}, ground_truth=truth)
 
 
+def small_dip_problem(iterations: int = 150):
+    """A 28² digit, 20 angles, 5 % noise, an 8-channel U-net fitted for ``iterations``:
+    ``d_θ`` ≈ 5 k, small enough for the dense float64 posterior.
+
+    A namespace with ``op``, ``x`` (truth), ``y``, ``sigma``, ``dip``, ``lin``
+    (the linearisation at the fit), ``lik`` (its CT likelihood), ``tv_weight``.
+    """
+    from types import SimpleNamespace
+
+    from ctuq.data.geometry import Geometry
+    from ctuq.data.operators import RayTransform
+    from ctuq.data.phantoms import digits
+    from ctuq.data.simulate import simulate_sinogram
+    from ctuq.models.unet import unet_preset
+    from ctuq.posterior import Linearization
+    from ctuq.recon.dip import DIPConfig, fit_dip
+    from ctuq.recon.evidence import ct_likelihood
+
+    op = RayTransform(Geometry.parallel(28, 20))
+    x = digits(1, 28, seed=0)[0]
+    y, sigma = simulate_sinogram(x, op, 0.05, seed=1)
+    cfg = DIPConfig.for_image_size(28, seed=0, progress_every=10**6).with_(
+        iterations=iterations, unet=unet_preset("reference-28").with_(channels=(8, 8, 8)))
+    dip = fit_dip(y, op, cfg, noise_std=sigma)
+    lin = Linearization(dip.model, dip.net_input)
+    return SimpleNamespace(op=op, x=x, y=y, sigma=sigma, dip=dip, lin=lin,
+                           tv_weight=dip.tv_weight, lik=ct_likelihood(lin, op, y))
+
+
 def sample_posterior(likelihood, prior, noise_var, k, method="cg", **kw):
     """A sampler call with its options as keywords (``method``: 'cg' or 'sto')."""
     from ctuq.posterior import CGOptions, CGSampler, STOOptions, STOSampler

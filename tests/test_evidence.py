@@ -26,11 +26,7 @@ import torch
 
 from ctuq.data.geometry import Geometry
 from ctuq.data.operators import RayTransform
-from ctuq.data.phantoms import digits
-from ctuq.data.simulate import simulate_sinogram
 from ctuq.errors import Cancelled, InputError
-from ctuq.models.unet import unet_preset
-from ctuq.recon.dip import DIPConfig, fit_dip
 from ctuq.posterior import (CGOptions, CGSampler, DenseSampler, EMOptions, EvidenceOracle,
                             ExactPosterior, FittedPosterior, Linearization, STOOptions,
                             STOSampler, adam_mstep, em_update, estep_statistics,
@@ -44,15 +40,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def problem():
-    op = RayTransform(Geometry.parallel(28, 20))
-    x = digits(1, 28, seed=0)[0]
-    y, sigma = simulate_sinogram(x, op, 0.05, seed=1)
-    cfg = DIPConfig.for_image_size(28, seed=0, progress_every=10**6).with_(
-        iterations=150, unet=unet_preset("reference-28").with_(channels=(8, 8, 8)))
-    dip = fit_dip(y, op, cfg, noise_std=sigma)
-    lin = Linearization(dip.model, dip.net_input)
-    return SimpleNamespace(op=op, x=x, y=y, sigma=sigma, lin=lin, tv_weight=dip.tv_weight,
-                           lik=ct_likelihood(lin, op, y))
+    from conftest import small_dip_problem
+
+    return small_dip_problem(150)
 
 
 @pytest.fixture(scope="module")

@@ -17,24 +17,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_linear_mean_is_the_dense_posterior_mean_of_the_linear_model():
-    from ctuq.data.geometry import Geometry
-    from ctuq.data.operators import RayTransform
-    from ctuq.data.phantoms import digits
-    from ctuq.data.simulate import simulate_sinogram
-    from ctuq.models.unet import unet_preset
-    from ctuq.posterior import ExactPosterior, Linearization
-    from ctuq.recon.dip import DIPConfig, fit_dip
-    from ctuq.recon.evidence import ct_likelihood, fit_posterior, uncertainty_options
+    from conftest import small_dip_problem
+
+    from ctuq.posterior import ExactPosterior
+    from ctuq.recon.evidence import fit_posterior, uncertainty_options
     from ctuq.recon.methods.laplace import LaplaceSettings, linear_mean_shift
 
-    op = RayTransform(Geometry.parallel(28, 20))
-    x = digits(1, 28, seed=0)[0]
-    y, sigma = simulate_sinogram(x, op, 0.05, seed=1)
-    cfg = DIPConfig.for_image_size(28, seed=0, progress_every=10**6).with_(
-        iterations=80, unet=unet_preset("reference-28").with_(channels=(8, 8, 8)))
-    dip = fit_dip(y, op, cfg, noise_std=sigma)
-    lin = Linearization(dip.model, dip.net_input)
-    lik = ct_likelihood(lin, op, y)
+    p = small_dip_problem(80)
+    op, y, sigma, lin, lik = p.op, p.y, p.sigma, p.lin, p.lik
     opts = uncertainty_options(LaplaceSettings(n_samples=4, em_steps=2, cg_tol=1e-6,
                                                cg_max_iter=2000),
                                learn_noise=False, seed=0)
