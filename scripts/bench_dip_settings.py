@@ -33,10 +33,10 @@ import time
 import torch
 
 from ctuq.bench import dip_vs_tv as B
-from ctuq.bench.machine import machine
-from ctuq.bench.speed import merge_settings
 from ctuq.bench.cases import case_spec
-from ctuq.bench.runner import dump_json, read_case_file, read_cases, run_resumable
+from ctuq.bench.machine import machine
+from ctuq.bench.runner import (dump_json, merge_settings, read_case_file, read_cases,
+                               run_resumable)
 
 
 def main(argv=None) -> int:

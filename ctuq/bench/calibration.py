@@ -44,7 +44,8 @@ import torch
 
 from ctuq.bench.cases import (CASE_FIELDS, auto_center_record, case_spec, realistic_record,
                               simulate, sinogram)
-from ctuq.bench.runner import clean, parse_variant, read_case_file, repo_relative
+from ctuq.bench.runner import (clean, merge_settings, parse_variant, read_case_file,
+                               repo_relative)
 from ctuq.bench.scores import score
 from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT
 
@@ -136,8 +137,6 @@ def reconstruction_config(case: dict, run: CalibrationRun, settings: dict | None
 
     unc = {"model_error": HELDOUT, **({"em_steps": 2} if run.quick else {}),
            **(run.uncertainty or {}), **uncertainty}
-    from ctuq.bench.speed import merge_settings
-
     settings = merge_settings(run.settings or {}, settings or {})
     dip = {**({"iterations": run.quick_iterations} if run.quick else {}),
            **settings.pop("dip", {})}

@@ -30,7 +30,7 @@ import numpy as np
 log = logging.getLogger("ctuq.bench")
 
 __all__ = ["clean", "dump_json", "read_cases", "append_case", "run_resumable",
-           "read_case_file", "repo_relative", "parse_variant"]
+           "read_case_file", "repo_relative", "parse_variant", "merge_settings"]
 
 
 def clean(o):
@@ -197,3 +197,12 @@ def parse_variant(text: str) -> tuple[str, dict]:
         except tomllib.TOMLDecodeError:
             node[leaf] = value.strip()
     return "_" + name.strip(), settings
+
+
+def merge_settings(base: dict, changes: dict) -> dict:
+    """``base`` with ``changes`` merged in, table by table (neither is changed)."""
+    out = dict(base)
+    for k, v in changes.items():
+        out[k] = merge_settings(out[k], v) if isinstance(v, dict) and isinstance(
+            out.get(k), dict) else v
+    return out

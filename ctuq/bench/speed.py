@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ctuq.bench.runner import merge_settings
+
 __all__ = ["SCAN", "SPEED_VARIANTS", "validation_scans", "TARGETS_S", "TARGETS_GPU_S", "one_run", "demo_run", "side_by_side", "compare_settings",
            "speed_benchmark", "toml_text", "child_run", "in_process", "merge_settings", "mc_summary"]
 
@@ -416,15 +418,6 @@ def compare_settings(variants: dict[str, dict], sizes, cases: list[dict],
                 "em_steps": [r["em_steps"] for r in rs]}
     return {"variants": variants, "base": base or {}, "cases": cases, "runs": rows,
             "summary": summary}
-
-
-def merge_settings(base: dict, changes: dict) -> dict:
-    """``base`` with ``changes`` merged in, table by table (neither is changed)."""
-    out = dict(base)
-    for k, v in changes.items():
-        out[k] = merge_settings(out[k], v) if isinstance(v, dict) and isinstance(
-            out.get(k), dict) else v
-    return out
 
 
 def speed_benchmark(sizes=(64, 128), *, settings: dict | None = None, demo: bool = True,
