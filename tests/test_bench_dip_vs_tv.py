@@ -33,6 +33,15 @@ def test_fitted_case_reports_first_traced_iteration_at_tv_psnr(bench, monkeypatc
     else:
         assert row["dip_iterations_to_tv_psnr"] is None
     assert row["dip_minus_tv_psnr"] == pytest.approx(row["methods"]["dip_tv"]["psnr"] - tv)
+    # FBP and TV see the data as simulated; only the DIP fits them divided by their scale
+    from ctuq.bench.cases import simulate
+    from ctuq.bench.scores import image_metrics
+    from ctuq.recon.baselines import fbp_reconstruction
+
+    scan = simulate(case, offset=0)
+    assert row["data_scale"] != 1.0
+    assert row["methods"]["fbp"]["psnr"] == pytest.approx(
+        image_metrics(scan.truth, fbp_reconstruction(scan.y, scan.op))["psnr"])
     s = bench.summarise([row])
     assert s["reached_tv_psnr"] == int(bool(reached))
     assert s["images"] == 1 and s["dip_at_least_tv_psnr"] == int(row["dip_minus_tv_psnr"] >= 0)

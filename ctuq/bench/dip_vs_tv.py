@@ -77,8 +77,8 @@ def run_fit_case(case: dict, monitor_every: int = 25) -> dict:
     c, truth, op, y, sigma = scan.case, scan.truth, scan.op, scan.y, scan.sigma
     t0 = time.perf_counter()
     tv = image_metrics(truth, tv_reconstruction(y, op, noise_std=sigma))
-    scale, y, sigma = fitted_data(scan)  # the DIP sees the data as ctuq.reconstruct does
     tv["time_s"] = time.perf_counter() - t0
+    scale, y_fit, sigma_fit = fitted_data(scan)  # the DIP sees the data as ctuq.reconstruct does
     preset = preset_name_for_size(c.size)
     cfg = DIPConfig.preset_defaults(preset, device="cpu", progress_every=monitor_every)
     trace = []
@@ -88,7 +88,7 @@ def run_fit_case(case: dict, monitor_every: int = 25) -> dict:
         trace.append((iteration, time.perf_counter() - t0,
                       image_metrics(truth, image * scale)["psnr"]))
 
-    dip = fit_dip(y, op, cfg, noise_std=sigma, monitor=monitor)
+    dip = fit_dip(y_fit, op, cfg, noise_std=sigma_fit, monitor=monitor)
     reached = next(((it, sec) for it, sec, p in trace if p >= tv["psnr"]), (None, None))
     out = {k: case[k] for k in ("id", "family", "size", "condition")}
     out["preset"] = preset
@@ -215,8 +215,8 @@ def run_dip_variant_case(case: dict, changes: dict, monitor_every: int = 100, *,
     ``tv_weight_factor``, ``net_input``, ``iterations``, ``lr``,
     ``warm_start``), and optionally ``heldout_every``: fit without every
     that-many-th angle (the held-out model error's fit,
-    :func:`~ctuq.recon.model_error.heldout.heldout_fit`, at least 7 angles
-    out) and trace the left-out projections' mean squared residual beside
+    :func:`~ctuq.recon.model_error.heldout.heldout_fit`, at least the
+    pipeline's ``heldout_min_out`` angles out) and trace the left-out projections' mean squared residual beside
     the PSNR, the ground-truth-free stopping signal; ``heldout_stop`` is the
     traced iterate of the lowest held-out residual (iteration, PSNR).
 
@@ -231,12 +231,10 @@ def run_dip_variant_case(case: dict, changes: dict, monitor_every: int = 100, *,
     fits the data as simulated (docs/dip.md §6's sweeps). ``offset``: the
     noise draw, as in :func:`run_tv_sweep_case`.
     """
-    import dataclasses
-
-    from ctuq.data.operators import RayTransform
     from ctuq.models.unet import preset_name_for_size
+    from ctuq.recon.config import UncertaintyConfig
     from ctuq.recon.dip import DIPConfig, fit_dip
-    from ctuq.recon.model_error.heldout import heldout_fit
+    from ctuq.recon.model_error.heldout import heldout_fit, heldout_split
 
     changes = dict(changes)
     every = changes.pop("heldout_every", None)
@@ -245,29 +243,25 @@ def run_dip_variant_case(case: dict, changes: dict, monitor_every: int = 100, *,
     cfg = DIPConfig.preset_defaults(preset_name_for_size(case["size"]), device="cpu",
                                     progress_every=monitor_every, **changes)
     trace = []
-    out_rows = None  # the held-out fit's left-out projections and their operator
+    out_mask = None  # the held-out fit's left-out angles (the pipeline's fewest left out)
+    min_out = UncertaintyConfig().heldout_min_out
+    if every is not None:
+        out_mask = torch.as_tensor(heldout_split(scan.op.geometry.n_angles, int(every), min_out))
     t0 = time.perf_counter()
 
     def monitor(iteration, image):
         point = [iteration, round(time.perf_counter() - t0, 2),
                  round(image_metrics(scan.truth, image * scale)["psnr"], 3)]
-        if out_rows is not None:
-            op_out, y_out = out_rows
+        if out_mask is not None:
             with torch.no_grad():
-                point.append(float(((op_out(image) - y_out) ** 2).mean()))
+                point.append(float(((scan.op(image) - y)[out_mask] ** 2).mean()))
         trace.append(point)
 
     if every is None:
         dip = fit_dip(y, scan.op, cfg, noise_std=sigma, monitor=monitor)
     else:
-        from ctuq.recon.model_error.heldout import heldout_split
-
-        geometry = scan.op.geometry
-        mask = heldout_split(geometry.n_angles, int(every), 7)
-        op_out = RayTransform(dataclasses.replace(geometry, angles=geometry.angles[mask]))
-        out_rows = (op_out, torch.as_tensor(y)[torch.as_tensor(mask)])
-        _, dip = heldout_fit(y, scan.op, cfg, every=int(every), min_out=7, noise_std=sigma,
-                             monitor=monitor)
+        _, dip = heldout_fit(y, scan.op, cfg, every=int(every), min_out=min_out,
+                             noise_std=sigma, monitor=monitor)
     out = {k: case[k] for k in ("family", "size", "condition")}
     out["case"] = case["id"]
     out["changes"] = {**changes, **({} if every is None else {"heldout_every": every})}
