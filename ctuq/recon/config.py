@@ -234,6 +234,11 @@ class UncertaintyConfig:
             raise InputError(f"method {self.method!r} needs at least "
                              f"{cls.min_predictive_samples} samples for a std, got "
                              f"{self.predictive_samples}", field="uncertainty.predictive_samples")
+        need = cls.required_model_error(self.method_settings)
+        if need is not None and self.model_error != need:
+            raise InputError(f"the settings of method {self.method!r} need model_error = "
+                             f"{need!r}, got {self.model_error!r}",
+                             field="uncertainty.model_error")
         if MODEL_ERROR_TERMS[self.model_error].needs_calibration \
                 and not cls.shipped_calibration and self.model_error_file is None:
             raise InputError(

@@ -376,10 +376,15 @@ def _uncertainty_stage(s: _Slice) -> None:
 
 def _model_error_stage(s: _Slice) -> None:
     out = s.outcome
-    # the model error is that of the reconstruction shown
-    fit = replace(s.dip, reconstruction=out.reconstruction) if out.refit else s.dip
+    # the model error is that of the reconstruction shown: the DIP output plus the
+    # method's step (its length chosen there when open), or the method's own image
+    fit = replace(s.dip, reconstruction=out.reconstruction) \
+        if out.refit and out.mean_step is None else s.dip
     s.model_error = s.term.variance(s.problem, fit, out.variance, out.noise_var,
-                                    progress=s.progress, cancel=s.cancel)
+                                    mean_step=out.mean_step, progress=s.progress,
+                                    cancel=s.cancel)
+    if s.model_error.reconstruction is not None:
+        out.recentre(s.model_error.reconstruction.to(out.reconstruction))
     s.timings["model_error"] = s.model_error.seconds
 
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ctuq.fields import validate
 
-__all__ = ["UncertaintyMethod", "UncertaintyOutcome", "NoSettings"]
+__all__ = ["UncertaintyMethod", "UncertaintyOutcome", "MeanStep", "NoSettings"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,31 @@ class NoSettings:
 
     def __post_init__(self):
         validate(self)
+
+
+@dataclass
+class MeanStep:
+    """A step from the DIP output that a method's image takes: ``x = x_dip + length · step``.
+
+    Attributes
+    ----------
+    step : Tensor, shape (H, W)
+        The step for the pipeline's DIP fit.
+    of_fit : callable
+        ``of_fit(dip, op, y, ray_variance) -> Tensor (H, W)``: the same step
+        for another DIP fit of the scan, to the rows ``y`` of ``op`` (the
+        held-out model error's fit without the left-out angles).
+    length : float or None
+        The length taken (1: the whole step). None: chosen by the held-out
+        model error, the length in ``[0, 1]`` whose step of the held-out fit
+        best predicts the left-out projections
+        (:func:`~ctuq.recon.model_error.heldout.heldout_step_length`); until
+        then the reconstruction takes the whole step.
+    """
+
+    step: Tensor
+    of_fit: Callable
+    length: float | None = 1.0
 
 
 @dataclass
@@ -62,6 +87,10 @@ class UncertaintyOutcome:
     refit : bool
         The reconstruction is not the DIP fit's (the result then has
         ``psnr_dip`` beside ``psnr`` with a ground truth).
+    mean_step : MeanStep, optional
+        The step from the DIP output the reconstruction takes (the model
+        error is then that of the DIP fit plus the step, the held-out fit's
+        own step included). None (default): no step.
     """
 
     reconstruction: Tensor
@@ -75,10 +104,21 @@ class UncertaintyOutcome:
     summary: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     refit: bool = False
+    mean_step: MeanStep | None = None
 
     @property
     def std(self) -> Tensor:
         return self.variance.sqrt()
+
+    def recentre(self, reconstruction: Tensor) -> None:
+        """Show ``reconstruction`` instead (the samples and the posterior's mean move with it)."""
+        shift = reconstruction - self.reconstruction
+        self.reconstruction = reconstruction
+        if self.samples is not None:
+            self.samples = self.samples + shift.to(self.samples)
+        if getattr(self.posterior, "mean", None) is not None:
+            self.posterior.mean = (self.posterior.mean + shift.cpu().numpy()).astype(
+                self.posterior.mean.dtype)
 
 
 class UncertaintyMethod:
@@ -110,6 +150,11 @@ class UncertaintyMethod:
     @classmethod
     def table_name(cls) -> str:
         return cls.table or cls.name.replace("-", "_")
+
+    @classmethod
+    def required_model_error(cls, settings) -> str | None:
+        """The model-error term these settings need (checked with the settings), or None."""
+        return None
 
     def adapt_dip(self, dip_config):
         """The DIP settings of the pipeline's fit for this method (default: unchanged)."""

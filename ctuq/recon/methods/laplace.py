@@ -16,11 +16,11 @@ from typing import Callable
 import torch
 
 from ctuq.progress import check_cancel, emit_progress
-from ctuq.recon.methods.base import UncertaintyMethod, UncertaintyOutcome
+from ctuq.recon.methods.base import MeanStep, UncertaintyMethod, UncertaintyOutcome
 from ctuq.recon.methods.laplace_settings import LaplaceSettings
 
 __all__ = ["LaplaceSettings", "LaplaceMethod", "laplace_posterior", "linear_mean_shift",
-           "PREDICTIVE_BATCH"]
+           "linear_step_of_fit", "PREDICTIVE_BATCH"]
 
 #: Predictive samples per solver call: progress and cancel between batches.
 #: The solver's work is linear in the batch; each extra call adds only the
@@ -113,12 +113,54 @@ def linear_mean_shift(lin, post) -> torch.Tensor:
         return lin.linear_model(post.theta_star.to(lin.theta_hat)) - lin.x_hat
 
 
+def linear_step_of_fit(post, *, seed: int = 0) -> Callable:
+    """The linear model's step ``J (θ* − θ̃)`` of another DIP fit of the scan, under ``post``'s
+    fitted prior and noise: ``step(dip, op, y, ray_variance) -> Tensor (H, W)``.
+
+    For the held-out model error of ``mean = 'linear'``
+    (:class:`~ctuq.recon.methods.base.MeanStep`): the held-out fit is
+    linearised at its own weights and its mode ``θ*`` solved on its own rows
+    (one CG solve, its own preconditioner) with the hyperparameters and
+    ``σ²`` the EM fitted on all rows. A prior built from the likelihood (the
+    g-prior, whose scales are ``diag(ΦᵀΦ)``'s) is rebuilt from the other
+    fit's: the first fit's scales would give weights that were dead there and
+    live here a thousandfold prior variance.
+    """
+
+    def step(dip, op, y, ray_variance=None) -> torch.Tensor:
+        from ctuq.posterior import Linearization
+        from ctuq.posterior.prior_kinds import PRIORS
+        from ctuq.recon.evidence import ct_likelihood, initial_prior
+
+        gen = torch.Generator().manual_seed(seed)
+        lin = Linearization(dip.model, dip.net_input)
+        likelihood = ct_likelihood(lin, op, y, ray_variance)
+        prior, kind = post.prior, PRIORS.get(getattr(post.prior, "name", ""))
+        if kind is not None and kind.uses_likelihood:  # block priors do not depend on Φ
+            prior = initial_prior(likelihood, kind.name, init_variance=1.0, generator=gen)
+            prior.set_hyperparameters(variances=post.prior.variances.detach())
+        mode = post.sampler.sample(likelihood, prior, post.noise_var, 0, generator=gen,
+                                   stage="model error").theta_star
+        with torch.no_grad():
+            shift = lin.linear_model(mode.to(lin.theta_hat)) - lin.x_hat
+        return shift.to(dip.reconstruction)
+
+    return step
+
+
 class LaplaceMethod(UncertaintyMethod):
     """The linearised Laplace posterior with sample-based evidence (the default)."""
 
     name = "laplace"
     settings_class = LaplaceSettings
     shipped_calibration = True
+
+    @classmethod
+    def required_model_error(cls, settings):
+        # the step's length is chosen on the held-out fit's left-out projections
+        from ctuq.recon.model_error.names import HELDOUT
+
+        return HELDOUT if settings.mean == "linear-heldout" else None
 
     def run(self, problem, dip, *, stages, progress=None, cancel=None) -> UncertaintyOutcome:
         from ctuq.recon.evidence import options_summary
@@ -133,8 +175,12 @@ class LaplaceMethod(UncertaintyMethod):
                                 ray_variance=problem.noise.ray_variance)
         post = out["posterior"]
         mean = dip.reconstruction.detach()
-        if s.mean == "linear":
-            mean = mean + linear_mean_shift(out["linearization"], post).to(mean)
+        step = None
+        if s.mean != "dip":  # 'linear': the whole step; 'linear-heldout': its length held out
+            shift = linear_mean_shift(out["linearization"], post).to(mean)
+            step = MeanStep(shift, linear_step_of_fit(post, seed=problem.seed),
+                            length=1.0 if s.mean == "linear" else None)
+            mean = mean + shift
         return UncertaintyOutcome(
             reconstruction=mean, variance=out["variance"].double().cpu(),
             samples=mean + out["image_samples"], fluctuations=out["image_samples"],
@@ -143,4 +189,4 @@ class LaplaceMethod(UncertaintyMethod):
                                           seed=problem.seed),
             hyperparameters=post.hyperparameters(), trace=post.trace,
             summary={"evidence": options_summary(out["options"])}, timings=out["timings"],
-            refit=s.mean == "linear")
+            refit=step is not None, mean_step=step)

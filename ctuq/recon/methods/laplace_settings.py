@@ -74,7 +74,10 @@ class LaplaceSettings:
         output ``f(θ̃)`` (the linearisation point), or the posterior mean of
         the linearised model, ``f(θ̃) + J (θ* − θ̃)`` (``θ*`` the mode the EM
         computes at its final hyperparameters: one Gauss–Newton step of the
-        data fit under the fitted prior, no extra solve). Default ``'dip'``.
+        data fit under the fitted prior, no extra solve), or ``'linear-heldout'``:
+        the DIP output plus that step shortened to the length in ``[0, 1]``
+        whose step of the held-out fit best predicts the left-out projections
+        (needs ``model_error = 'heldout'``; one more CG solve). Default ``'dip'``.
     """
 
     prior: str = setting("gprior", kind=str, choices=tuple(PRIORS),
@@ -107,9 +110,10 @@ class LaplaceSettings:
                                          doc="sto: projection angles per step (default: all).")
     sto_iterations: int = setting(1000, kind=int, minimum=1, maximum=10**7,
                                   doc="sto: most steps per solve.")
-    mean: str = setting("dip", kind=str, choices=("dip", "linear"),
-                        doc="Reconstruction shown: the DIP output or the linearised "
-                            "model's posterior mean.")
+    mean: str = setting("dip", kind=str, choices=("dip", "linear", "linear-heldout"),
+                        doc="Reconstruction shown: the DIP output, the linearised "
+                            "model's posterior mean, or the DIP output plus its step at "
+                            "the length the held-out projections choose.")
 
     def __post_init__(self):
         validate(self, prefix="uncertainty.laplace")

@@ -15,7 +15,7 @@ from ctuq.recon.model_error.coefficients import (_INIT, _LOG_MIN, _NEGLIGIBLE, _
 from ctuq.recon.model_error.edges import _img, edge_strength
 from ctuq.recon.model_error.names import HELDOUT
 
-__all__ = ["heldout_split", "heldout_fit", "HeldoutLikelihood", "heldout_likelihood",
+__all__ = ["heldout_split", "heldout_fit", "kept_rows", "heldout_step_length", "HeldoutLikelihood", "heldout_likelihood",
            "fit_heldout"]
 
 
@@ -99,27 +99,85 @@ def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
     dip : DIPResult
         The fit on the kept angles.
     """
-    import dataclasses
-
-    from ctuq.data.operators import RayTransform
     from ctuq.recon.dip import fit_dip
 
-    geometry = op.geometry
-    out_mask = heldout_split(geometry.n_angles, every, min_out)
-    keep = torch.as_tensor(~out_mask)
-    y = torch.as_tensor(y, dtype=torch.float32).reshape(geometry.range_shape).to(op.device)
+    out_mask = heldout_split(op.geometry.n_angles, every, min_out)
+    y = torch.as_tensor(y, dtype=torch.float32).reshape(op.geometry.range_shape).to(op.device)
     zero_filled = y.clone()
-    zero_filled[~keep.to(y.device)] = 0
+    zero_filled[torch.as_tensor(out_mask).to(y.device)] = 0
     with torch.no_grad():
-        net_input = op.fbp(zero_filled) * (geometry.n_angles / int(keep.sum()))
-    op_in = RayTransform(dataclasses.replace(geometry, angles=geometry.angles[~out_mask]),
-                         backend=op.backend, device=op.device)
-    v_in = None if ray_variance is None else torch.as_tensor(
-        ray_variance, dtype=torch.float32).reshape(geometry.range_shape)[keep]
-    dip = fit_dip(y[keep.to(y.device)], op_in, dip_config, noise_std=noise_std,
+        net_input = op.fbp(zero_filled) * (op.geometry.n_angles / int((~out_mask).sum()))
+    op_in, y_in, v_in = kept_rows(op, y, out_mask, ray_variance)
+    dip = fit_dip(y_in, op_in, dip_config, noise_std=noise_std,
                   ray_variance=v_in, progress=progress, cancel=cancel, stage="model error",
                   net_input=net_input, monitor=monitor)
     return out_mask, dip
+
+
+def kept_rows(op, y, out_mask, ray_variance=None):
+    """The operator, data and per-ray variances of the kept angles (``~out_mask``).
+
+    Returns
+    -------
+    op_in : RayTransform
+        The operator of the kept angles only.
+    y_in : Tensor, shape (n_kept, n_detector)
+    v_in : Tensor, shape (n_kept, n_detector), or None
+        The count noise model's ``v`` of the kept rows (None without one).
+    """
+    import dataclasses
+
+    from ctuq.data.operators import RayTransform
+
+    geometry = op.geometry
+    keep = torch.as_tensor(~np.asarray(out_mask, dtype=bool))
+    y = torch.as_tensor(y, dtype=torch.float32).reshape(geometry.range_shape).to(op.device)
+    op_in = RayTransform(dataclasses.replace(geometry, angles=geometry.angles[keep.numpy()]),
+                         backend=op.backend, device=op.device)
+    v_in = None if ray_variance is None else torch.as_tensor(
+        ray_variance, dtype=torch.float32).reshape(geometry.range_shape)[keep]
+    return op_in, y[keep.to(y.device)], v_in
+
+
+def heldout_step_length(op, y, out_mask, x_in, step_in, ray_variance=None) -> float:
+    """How far along ``step_in`` the held-out fit's image best predicts the left-out rows.
+
+    ``argmin_a ‖y_out − A_out (x_in + a · step_in)‖²`` (weighted by ``1 / v``
+    with the count noise model's per-ray variances), clipped to ``[0, 1]``:
+    0 keeps the fit's output, 1 takes the whole step. The left-out noise is
+    independent of the rows the step fitted, so a step that fits noise
+    predicts them worse and is shortened.
+
+    Parameters
+    ----------
+    op : RayTransform
+        The operator of all angles.
+    y : Tensor, shape (n_angles, n_detector)
+    out_mask : array of bool, shape (n_angles,)
+        The left-out angles (:func:`heldout_split`).
+    x_in, step_in : Tensor, shape (H, W)
+        The held-out fit's output and its step.
+    ray_variance : Tensor, optional
+        ``v``, shape (n_angles, n_detector). Default None (every ray alike).
+
+    Returns
+    -------
+    float
+        In ``[0, 1]``; 0 when the step does not reach the left-out rows.
+    """
+    rows = torch.as_tensor(np.asarray(out_mask, dtype=bool))
+    with torch.no_grad():
+        ax = op.A(torch.as_tensor(x_in, dtype=torch.float32).to(op.device))
+        ad = op.A(torch.as_tensor(step_in, dtype=torch.float32).to(op.device))
+    y = torch.as_tensor(y).reshape(ax.shape).to(ax)
+    r = (y - ax)[rows.to(ax.device)].double()
+    q = ad[rows.to(ad.device)].double()
+    w = torch.ones_like(q) if ray_variance is None else 1.0 / torch.as_tensor(
+        ray_variance).reshape(ax.shape)[rows].to(q)
+    qq = float((w * q * q).sum())
+    if not qq > 0:
+        return 0.0
+    return float(min(max(float((w * q * r).sum()) / qq, 0.0), 1.0))
 
 
 def _projection_rows(op, rows: np.ndarray, batch: int = 256):

@@ -56,12 +56,13 @@ from torch import Tensor
 from ctuq.errors import InputError
 from ctuq.progress import check_cancel, emit_progress
 from ctuq.recon.model_error.coefficients import ModelErrorCoefficients, shipped_coefficients
-from ctuq.recon.model_error.heldout import fit_heldout, heldout_fit
+from ctuq.recon.model_error.heldout import (fit_heldout, heldout_fit, heldout_step_length,
+                                            kept_rows)
 from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT, NONE
 
 __all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
            "CalibratedTerm", "ConformalTerm", "MODEL_ERROR_TERMS", "METHODS",
-           "make_model_error", "coefficients_for", "heldout_prior"]
+           "make_model_error", "coefficients_for", "heldout_prior", "shown_image"]
 
 
 @dataclass
@@ -75,11 +76,16 @@ class ModelErrorOutcome:
     coefficients : ModelErrorCoefficients
         Recorded in the result (``config['model_error']``).
     seconds : float
+    reconstruction : Tensor, shape (H, W), or None
+        The image whose error this is, when the method's step was given: the
+        DIP output plus the step at its length (chosen here when the method
+        left it open, ``coefficients.info['step_length']``).
     """
 
     variance: Tensor
     coefficients: ModelErrorCoefficients
     seconds: float = 0.0
+    reconstruction: Tensor | None = None
 
 
 class ModelErrorTerm:
@@ -123,11 +129,13 @@ class ModelErrorTerm:
         return None
 
     def compute(self, problem, fit, posterior_variance: Tensor, noise_var: float, *,
-                progress=None, cancel=None) -> tuple[ModelErrorCoefficients, Tensor]:
-        """``(coefficients, variance)``; see :meth:`variance`. Default: the
-        prepared calibration, applied by :meth:`apply`."""
-        return self.calibration, self.apply(self.calibration, fit.reconstruction.detach().cpu(),
-                                            posterior_variance)
+                mean_step=None, progress=None,
+                cancel=None) -> tuple[ModelErrorCoefficients, Tensor, Tensor]:
+        """``(coefficients, variance, image)``; see :meth:`variance`. Default: the
+        prepared calibration, applied by :meth:`apply` to the image shown."""
+        image = shown_image(fit, mean_step)
+        return self.calibration, self.apply(self.calibration, image.cpu(),
+                                            posterior_variance), image
 
     @classmethod
     def apply(cls, coefficients: ModelErrorCoefficients, x_hat, posterior_variance) -> Tensor:
@@ -149,7 +157,7 @@ class ModelErrorTerm:
         return coefficients.variance(x_hat, posterior_variance)
 
     def variance(self, problem, fit, posterior_variance: Tensor, noise_var: float, *,
-                 progress: Callable | None = None,
+                 mean_step=None, progress: Callable | None = None,
                  cancel: Callable[[], bool] | None = None) -> ModelErrorOutcome:
         """The model-error variance beside ``posterior_variance``.
 
@@ -159,20 +167,30 @@ class ModelErrorTerm:
             Its operator ``op`` and data ``y`` (:mod:`ctuq.recon.problem`).
         fit : DIPResult
             The fit whose error is modelled: ``reconstruction`` is the one
-            shown, ``config`` the DIP settings (a refit reuses them).
+            shown (or the DIP output that ``mean_step`` starts from),
+            ``config`` the DIP settings (a refit reuses them).
         posterior_variance : Tensor, shape (H, W)
         noise_var : float
             ``σ²`` of the measurements (the method's, learned or known).
+        mean_step : MeanStep, optional
+            The method's step from ``fit.reconstruction``
+            (:class:`~ctuq.recon.methods.base.MeanStep`): the image shown is
+            the fit's output plus the step, and a term that makes its own fit
+            judges that fit's output plus its own step. A step of open length
+            needs the held-out term, which chooses it. Default None.
         progress, cancel : callable, optional
             Stage ``'model error'``.
         """
         t0 = time.perf_counter()
         emit_progress(progress, "model error", 0, 1, self.name)
-        coeffs, var = self.compute(problem, fit, posterior_variance.detach().double().cpu(),
-                                   float(noise_var), progress=progress, cancel=cancel)
+        coeffs, var, image = self.compute(problem, fit,
+                                          posterior_variance.detach().double().cpu(),
+                                          float(noise_var), mean_step=mean_step,
+                                          progress=progress, cancel=cancel)
         emit_progress(progress, "model error", 1, 1, f"{self.name}: t0 {coeffs.t0:.3g}, "
                       f"s1 {coeffs.s1:.3g}")
-        return ModelErrorOutcome(var, coeffs, time.perf_counter() - t0)
+        return ModelErrorOutcome(var, coeffs, time.perf_counter() - t0,
+                                 reconstruction=None if mean_step is None else image)
 
 
 class NoModelError(ModelErrorTerm):
@@ -180,8 +198,9 @@ class NoModelError(ModelErrorTerm):
 
     name = NONE
 
-    def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
-        return ModelErrorCoefficients(), torch.zeros_like(var_post)
+    def compute(self, problem, fit, var_post, noise_var, *, mean_step=None, progress=None,
+                cancel=None):
+        return ModelErrorCoefficients(), torch.zeros_like(var_post), shown_image(fit, mean_step)
 
     @classmethod
     def apply(cls, coefficients, x_hat, posterior_variance):
@@ -223,7 +242,8 @@ class HeldoutTerm(ModelErrorTerm):
         """The held-out fit made by :meth:`fit_first`, or None."""
         return None if self._first is None else self._first[1]
 
-    def compute(self, problem, fit, var_post, noise_var, *, progress=None, cancel=None):
+    def compute(self, problem, fit, var_post, noise_var, *, mean_step=None, progress=None,
+                cancel=None):
         s = self.settings
         v = problem.noise.ray_variance  # the count noise model's (None: every ray alike)
         if self._first is not None:  # made before the fit on all angles (fit_first)
@@ -236,12 +256,36 @@ class HeldoutTerm(ModelErrorTerm):
                                        noise_std=math.sqrt(noise_var), ray_variance=v,
                                        progress=progress, cancel=cancel)
         check_cancel(cancel, "reconstruction")
-        coeffs = fit_heldout(problem.op, problem.y, mask, dip_in.reconstruction.detach().cpu(),
+        x_in, length = dip_in.reconstruction.detach(), None
+        if mean_step is not None:  # the held-out fit's image as the method makes it
+            step_in = mean_step.of_fit(dip_in, *kept_rows(problem.op, problem.y, mask, v))
+            length = mean_step.length
+            if length is None:
+                length = heldout_step_length(problem.op, problem.y, mask, x_in, step_in, v)
+            x_in = x_in + length * step_in.to(x_in)
+        coeffs = fit_heldout(problem.op, problem.y, mask, x_in.cpu(),
                              var_post, noise_var, prior=self.calibration,
                              prior_width=s.heldout_prior_width, ray_variance=v)
         if self.calibration is not None:
             coeffs.info["prior"]["from"] = self.source
-        return coeffs, self.apply(coeffs, fit.reconstruction.detach().cpu(), var_post)
+        if length is not None:
+            coeffs.info["step_length"] = float(length)
+        image = shown_image(fit, mean_step, length)
+        return coeffs, self.apply(coeffs, image.cpu(), var_post), image
+
+
+def shown_image(fit, mean_step=None, length: float | None = None) -> Tensor:
+    """The DIP fit's output plus the method's step at ``length`` (default: the step's own;
+    an open length is refused), detached."""
+    image = fit.reconstruction.detach()
+    if mean_step is None:
+        return image
+    length = mean_step.length if length is None else length
+    if length is None:
+        raise InputError("the reconstruction's step length is chosen on held-out "
+                         f"projections: it needs model_error = {HELDOUT!r}",
+                         field="uncertainty.model_error")
+    return image + float(length) * mean_step.step.detach().to(image)
 
 
 def heldout_config(dip_config, fraction: float = 1.0):
