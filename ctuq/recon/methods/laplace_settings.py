@@ -69,7 +69,7 @@ class LaplaceSettings:
         all angles (full batch, stopping early at its tolerance).
     sto_iterations : int
         ``sampler = 'sto'``: most steps per solve. Default 1000.
-    mean : {'dip', 'linear'}
+    mean : {'dip', 'linear', 'linear-heldout'}
         The reconstruction shown, the centre of the samples: the DIP's
         output ``f(θ̃)`` (the linearisation point), or the posterior mean of
         the linearised model, ``f(θ̃) + J (θ* − θ̃)`` (``θ*`` the mode the EM
