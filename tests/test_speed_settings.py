@@ -98,7 +98,7 @@ def test_short_heldout_fit_runs_its_share_and_never_sees_the_held_out_rows(monke
     noise = SimpleNamespace(ray_variance=None)  # the scalar noise model
     problem = SimpleNamespace(y=toy.y, op=toy.op, noise=noise)
     monkeypatch.setattr(dip_module, "fit_dip", watched)
-    coeffs, v = term.compute(problem, fit, var, toy.noise_std**2)
+    coeffs, v, image = term.compute(problem, fit, var, toy.noise_std**2)
     y2 = toy.y.clone()
     mask = ho.heldout_split(12, 4)
     y2[torch.as_tensor(mask)] += 10.0  # change only what is left out
@@ -107,6 +107,7 @@ def test_short_heldout_fit_runs_its_share_and_never_sees_the_held_out_rows(monke
     assert it1 == it2 == 10 and torch.equal(y_in1, y_in2)  # the kept rows only
     assert v.shape == (16, 16) and torch.isfinite(v).all()
     assert coeffs.info["heldout_angles"] == int(mask.sum())
+    assert torch.equal(image, fit.reconstruction.detach())  # no step: the DIP output
 
 
 def test_dip_from_heldout_continues_from_the_held_out_fit_which_never_saw_its_rows(
@@ -145,7 +146,7 @@ def test_dip_from_heldout_continues_from_the_held_out_fit_which_never_saw_its_ro
     assert all(torch.equal(init_all[k], v) for k, v in held.state_dict.items())
     # the held-out term reuses that fit: no third fit
     var = torch.full((16, 16), 1e-4, dtype=torch.float64)
-    coeffs, _ = term.compute(problem, fit, var, toy.noise_std**2)
+    coeffs, _, _ = term.compute(problem, fit, var, toy.noise_std**2)
     assert len(calls) == 2 and coeffs.info["heldout_angles"] == n_out
     # 0 (the default) is the old single fit from the seeded start
     calls.clear()
