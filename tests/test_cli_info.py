@@ -55,6 +55,20 @@ def test_single_layer_export_shows_no_none(tmp_path, capsys, geometry):
     assert "total std: 12 × 12 pixels" in text and "20 angles from 0° to 171°" in text
 
 
+def test_result_info_names_an_image_that_is_not_the_dip_output(tmp_path, capsys, geometry):
+    img = np.ones((12, 12), np.float32)
+    config = {"uncertainty": {"method": "laplace", "model_error": "heldout",
+                              "laplace": {"mean": "linear-heldout"}},
+              "model_error": {"t0": 1.0, "s1": 0.5, "info": {"step_length": 0.4321}}}
+    r = Result(reconstruction=img, std=img, geometry=geometry, config=config)
+    text = _unwrapped(_info(write_result(tmp_path / "r.h5", r), capsys))
+    assert "DIP output + the linear model's step (linear-heldout, length 0.43)" in text
+    config["uncertainty"]["laplace"]["mean"] = "dip"
+    r = Result(reconstruction=img, std=img, geometry=geometry, config=config)
+    assert "linear model's step" not in _unwrapped(
+        _info(write_result(tmp_path / "d.h5", r), capsys))
+
+
 def test_result_info_explains_the_fit(tmp_path, capsys, geometry):
     img = np.ones((12, 12), np.float32)
     r = Result(reconstruction=img, std=img * 0.5, posterior_std=img * 0.3,

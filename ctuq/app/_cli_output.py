@@ -308,6 +308,12 @@ def result_rows(r) -> list[tuple[str, str]]:
         if unc.get("model_error"):
             how += f", model error {unc['model_error']}"
         rows.append(("uncertainty", how))
+        mean = (unc.get(str(unc["method"]).replace("-", "_")) or {}).get("mean")
+        if mean and mean != "dip":  # the image is not the DIP output: say which, and how far
+            info = ((r.config or {}).get("model_error") or {}).get("info") or {}
+            length = info.get("step_length")
+            rows.append(("reconstruction", f"DIP output + the linear model's step ({mean}"
+                         + (f", length {length:.2f})" if length is not None else ")")))
     rows += _hyperparameter_rows(r.hyperparameters, r.em_trace)
     rows += _metric_rows(r.metrics)
     rows += diagnostic_rows(r.diagnostics, r.residual)
