@@ -308,7 +308,10 @@ def result_rows(r) -> list[tuple[str, str]]:
         if unc.get("model_error"):
             how += f", model error {unc['model_error']}"
         rows.append(("uncertainty", how))
-        mean = (unc.get(str(unc["method"]).replace("-", "_")) or {}).get("mean")
+        # the method's settings are the one table of the recorded settings
+        # (UncertaintyConfig.effective); read without the method registry, which loads torch
+        table = next((v for v in unc.values() if isinstance(v, dict)), {})
+        mean = table.get("mean")
         if mean and mean != "dip":  # the image is not the DIP output: say which, and how far
             info = ((r.config or {}).get("model_error") or {}).get("info") or {}
             length = info.get("step_length")

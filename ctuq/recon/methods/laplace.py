@@ -109,8 +109,13 @@ def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: Lapl
 def linear_mean_shift(lin, post) -> torch.Tensor:
     """``J (θ* − θ̃)``, shape ``(H, W)``: the linearised model's posterior mean minus the
     DIP output (``θ*`` the fitted posterior's mode, ``θ̃`` the linearisation point)."""
+    return _linear_step(lin, post.theta_star)
+
+
+def _linear_step(lin, theta) -> torch.Tensor:
+    """``J (θ − θ̃)``, shape ``(H, W)``: the linear model at ``θ`` minus the fit's output."""
     with torch.no_grad():
-        return lin.linear_model(post.theta_star.to(lin.theta_hat)) - lin.x_hat
+        return lin.linear_model(theta.to(lin.theta_hat)) - lin.x_hat
 
 
 def linear_step_of_fit(post, *, seed: int = 0) -> Callable:
@@ -141,9 +146,7 @@ def linear_step_of_fit(post, *, seed: int = 0) -> Callable:
             prior.set_hyperparameters(variances=post.prior.variances.detach())
         mode = post.sampler.sample(likelihood, prior, post.noise_var, 0, generator=gen,
                                    stage="model error").theta_star
-        with torch.no_grad():
-            shift = lin.linear_model(mode.to(lin.theta_hat)) - lin.x_hat
-        return shift.to(dip.reconstruction)
+        return _linear_step(lin, mode).to(dip.reconstruction)
 
     return step
 

@@ -15,8 +15,8 @@ from ctuq.recon.model_error.coefficients import (_INIT, _LOG_MIN, _NEGLIGIBLE, _
 from ctuq.recon.model_error.edges import _img, edge_strength
 from ctuq.recon.model_error.names import HELDOUT
 
-__all__ = ["heldout_split", "heldout_fit", "kept_rows", "heldout_step_length", "HeldoutLikelihood", "heldout_likelihood",
-           "fit_heldout"]
+__all__ = ["heldout_split", "heldout_fit", "kept_rows", "heldout_step_length",
+           "HeldoutLikelihood", "heldout_likelihood", "fit_heldout"]
 
 
 def heldout_split(n_angles: int, every: int, min_out: int = 0) -> np.ndarray:
