@@ -424,3 +424,29 @@ def test_a_stack_records_one_verdict_and_a_residual_per_slice(measured, tmp_path
     assert st["counts"]["dip_iterations"] == 6 and len(st["slices"]) == 2
     back = read_result(r.save(tmp_path / "s.h5"))
     assert back.diagnostics == d and np.array_equal(back.residual, r.residual)
+
+
+def test_summary_names_an_image_that_is_not_the_dip_output(tmp_path, capsys):
+    import json
+
+    from ctuq.app._cli_output import summary_table, write_summary_json
+    from ctuq.app.batch import Outcome, result_checks
+
+    config = {"uncertainty": {"method": "laplace", "model_error": "heldout",
+                              "laplace": {"mean": "linear-heldout"}},
+              "model_error": {"t0": 1.0, "s1": 0.5, "info": {"step_length": 0.7349}}}
+    stepped = Result(reconstruction=np.ones((4, 4), np.float32), config=config)
+    plain = Result(reconstruction=np.ones((4, 4), np.float32),
+                   config={**config, "uncertainty": {**config["uncertainty"],
+                                                     "laplace": {"mean": "dip"}}})
+    outcomes = [Outcome(f"{n}.h5", f"out/{n}.ctuq.h5", "done", 1.0, **result_checks(r))
+                for n, r in (("a", stepped), ("b", plain))]
+    capsys.readouterr()
+    summary_table(outcomes)
+    text = _unwrapped(capsys.readouterr().out)
+    assert ("a.h5: reconstruction: DIP output + the linear model's step "
+            "(linear-heldout, length 0.73)") in text
+    assert "b.h5: reconstruction" not in text
+    write_summary_json(tmp_path / "s.json", outcomes, run_id="x")
+    doc = json.loads((tmp_path / "s.json").read_text())["outcomes"]
+    assert doc[0]["image"].endswith("length 0.73)") and doc[1]["image"] is None

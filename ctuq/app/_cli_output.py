@@ -18,6 +18,8 @@ from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
 from rich.table import Column, Table
 from rich.text import Text
 
+from ctuq.app.batch import shown_image_note
+
 #: stderr: progress, errors, notes. stdout: tables and results.
 err_console = Console(stderr=True, markup=False, emoji=False, highlight=False)
 out_console = Console(markup=False, emoji=False, highlight=False)
@@ -67,6 +69,7 @@ def summary_table(outcomes) -> None:
     for o in outcomes:
         notes = [f"misfit: {o.fit_reason}"] if o.fit == "misfit" and o.fit_reason else []
         notes += [f"warning: {w}" for w in getattr(o, "warnings", None) or []]
+        notes += [f"reconstruction: {o.image}"] if getattr(o, "image", None) else []
         for n in notes:
             out_console.print(Text.assemble((o.input, "bold"), ": ", (n, "yellow")),
                               **({"overflow": "fold"} if out_console.is_terminal
@@ -308,15 +311,9 @@ def result_rows(r) -> list[tuple[str, str]]:
         if unc.get("model_error"):
             how += f", model error {unc['model_error']}"
         rows.append(("uncertainty", how))
-        # the method's settings are the one table of the recorded settings
-        # (UncertaintyConfig.effective); read without the method registry, which loads torch
-        table = next((v for v in unc.values() if isinstance(v, dict)), {})
-        mean = table.get("mean")
-        if mean and mean != "dip":  # the image is not the DIP output: say which, and how far
-            info = ((r.config or {}).get("model_error") or {}).get("info") or {}
-            length = info.get("step_length")
-            rows.append(("reconstruction", f"DIP output + the linear model's step ({mean}"
-                         + (f", length {length:.2f})" if length is not None else ")")))
+        image = shown_image_note(r.config)
+        if image:  # the image is not the DIP output: say which, and how far
+            rows.append(("reconstruction", image))
     rows += _hyperparameter_rows(r.hyperparameters, r.em_trace)
     rows += _metric_rows(r.metrics)
     rows += diagnostic_rows(r.diagnostics, r.residual)

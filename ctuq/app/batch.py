@@ -74,6 +74,8 @@ class Outcome:
     fit_reason: str | None = None
     warnings: list = field(default_factory=list)
     stages: dict = field(default_factory=dict)
+    #: What the image is when it is not the DIP output (:func:`shown_image_note`).
+    image: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -398,7 +400,28 @@ def result_checks(result) -> dict:
     stages = (result.provenance or {}).get("stages") or {}
     return {"fit": d.get("verdict"), "fit_reason": d.get("reason"),
             "warnings": [str(w) for w in d.get("warnings") or []],
-            "stages": dict(stages.get("seconds") or {})}
+            "stages": dict(stages.get("seconds") or {}),
+            "image": shown_image_note(result.config)}
+
+
+def shown_image_note(config: dict | None) -> str | None:
+    """What a result's image is, from its recorded settings, when it is not the DIP output.
+
+    ``'DIP output + the linear model's step (linear-heldout, length 0.73)'``
+    for ``uncertainty.laplace.mean`` other than ``'dip'``; None for the DIP
+    output itself (or a result without settings). Read from the recorded
+    settings alone, without the method registry (which would load torch).
+    """
+    config = config or {}
+    unc = config.get("uncertainty") or {}
+    # the method's settings are the one table of the recorded uncertainty settings
+    table = next((v for v in unc.values() if isinstance(v, dict)), {})
+    mean = table.get("mean")
+    if not mean or mean == "dip":
+        return None
+    length = ((config.get("model_error") or {}).get("info") or {}).get("step_length")
+    return (f"DIP output + the linear model's step ({mean}"
+            + (f", length {length:.2f})" if length is not None else ")"))
 
 
 def _dask_task(input_path, out_path, config, overwrite, run_id=None):
