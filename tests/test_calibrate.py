@@ -67,3 +67,36 @@ def test_cli_bad_values_exit_2(tmp_path: Path, capsys, args, option):
     err = capsys.readouterr().err
     assert rc == 2 and option in err and "Traceback" not in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_calibrates_the_image_the_settings_show(monkeypatch):
+    """With mean = 'linear-heldout' (which needs the held-out term) the coefficients are
+    fitted to the stepped image the reconstruction shows, not to the DIP output."""
+    import tomllib
+
+    from ctuq.recon import calibrate as cal
+    from ctuq.recon.config import ReconstructionConfig
+    from ctuq.recon.pipeline import reconstruct
+
+    raw = tomllib.loads(TINY)
+    raw["uncertainty"]["laplace"] = {"mean": "linear-heldout"}
+    config = ReconstructionConfig.from_dict(raw)
+    scans = [(f"{c.name}", s) for c, _, _, s in calibration_scans(
+        28, families=["ellipses"], n_per_family=1, angles=(20,), noise_levels=(0.01,))]
+    seen = {}
+    real_fit = cal.fit_to_truth
+
+    def spy(truths, means, variances):
+        seen["means"], seen["variances"] = means, variances
+        return real_fit(truths, means, variances)
+
+    monkeypatch.setattr(cal, "fit_to_truth", spy)
+    c = cal.calibrate(28, config, scans=scans)
+    assert c.info["uncertainty"]["model_error"] == "heldout"
+    r = reconstruct(scans[0][1], config.merged({"uncertainty": {"model_error": "heldout"}}))
+    assert r.config["model_error"]["info"]["step_length"] is not None
+    shown, dip = np.asarray(r.reconstruction), np.asarray(r.dip)
+    assert np.abs(shown - dip).max() > 1e-4  # the step moved the image
+    np.testing.assert_allclose(seen["means"][0], shown, atol=1e-5)
+    np.testing.assert_allclose(seen["variances"][0], np.asarray(r.posterior_std) ** 2,
+                               rtol=1e-4, atol=1e-12)

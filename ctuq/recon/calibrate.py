@@ -31,7 +31,7 @@ import numpy as np
 from ctuq.data.splits import FAMILIES, cases
 from ctuq.errors import InputError
 from ctuq.progress import check_cancel, emit_progress
-from ctuq.recon.config import ReconstructionConfig
+from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, conformal_scale, fit_to_truth
 
 __all__ = ["calibrate", "calibration_scans"]
@@ -80,7 +80,11 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
         names one).
     config : ReconstructionConfig, optional
         The settings the coefficients are for (default: the defaults); its
-        ``uncertainty.model_error`` is overridden with ``'none'``.
+        ``uncertainty.model_error`` is overridden with ``'none'``, or with the
+        term the method's image needs (``'heldout'`` for ``mean =
+        "linear-heldout"``, which chooses its step length on held-out
+        projections); the coefficients describe the error of the image the
+        settings show, with the posterior variance alone.
     families : sequence of str, optional
         Phantom families of the tuning split (default all of them).
     n_per_family : int
@@ -103,7 +107,11 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
         ``info`` what it was fitted on and the fit's log-likelihood.
     """
     config = config or ReconstructionConfig()
-    config = config.merged({"uncertainty": {"model_error": "none"}})
+    # no model error, unless the method's image needs one (mean = "linear-heldout" takes
+    # its step length from the held-out term): the coefficients are for the image shown
+    unc = UncertaintyConfig.from_dict(dict(config.uncertainty))
+    need = unc.method_class.required_model_error(unc.method_settings)
+    config = config.merged({"uncertainty": {"model_error": need or "none"}})
     if families is not None:
         bad = [f for f in families if f not in FAMILIES["tuning"]]
         if bad:
