@@ -65,3 +65,29 @@ def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
     (fit,) = tuned["cases"]
     assert fit["inf"]["t0"] == pytest.approx(row["coefficients"]["heldout_mle"]["t0"], abs=1e-6)
     assert fit["inf"]["s1"] == pytest.approx(row["coefficients"]["heldout_mle"]["s1"], abs=1e-6)
+
+
+def test_kept_likelihood_is_the_one_the_run_judged_its_stepped_image_with(tmp_path):
+    """With mean = 'linear-heldout' the held-out term judges the held-out fit's own stepped
+    image; the arrays a benchmark keeps for tuning are that very likelihood, so refitting
+    them reproduces the run's coefficients (a refit of the held-out DIP alone would judge
+    its unstepped output and miss them)."""
+    from ctuq.bench.tuning import tune_prior_width
+
+    case = next(c for c in calibration_cases("test", [28], 1) if c["family"] == "ellipses")
+    config = cal.reconstruction_config(case, cal.CalibrationRun())
+    preset = config.preset_for((case["size"], case["size"]))
+    calibration = ModelErrorCoefficients(1.5, 0.05, "calibrated", conformal=1.3)
+    (tmp_path / "cal").mkdir()
+    calibration.save(tmp_path / "cal" / f"{preset}.json")
+    run = cal.CalibrationRun(quick=True, quick_iterations=40, predcp_variants=(False,),
+                             calibration=str(tmp_path / "cal"), mc_dropout=False,
+                             arrays=str(tmp_path / "arrays"),
+                             uncertainty={"n_samples": 2, "predictive_samples": 16},
+                             settings={"uncertainty": {"laplace": {"mean": "linear-heldout"}}})
+    row = cal.run_case(case, run)
+    tuned = tune_prior_width([row], tmp_path / "arrays", tmp_path / "cal" / f"{preset}.json",
+                             [float("inf")])
+    (fit,) = tuned["cases"]
+    for k in ("t0", "s1"):
+        assert fit["inf"][k] == pytest.approx(row["coefficients"]["heldout_mle"][k], abs=1e-6)

@@ -34,6 +34,7 @@ variant's DIP is the one the others got.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import time
@@ -275,13 +276,15 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
     m["fbp"] = score(truth, x_fbp, var_fbp.sqrt())
 
     calibration = _calibration(run, preset)
-    arrays, heldout_fits = {"truth": truth}, {}
+    arrays = {"truth": truth}
     center = None
     variants = [("_predcp" if p else "", None, {"predcp": p}) for p in run.predcp_variants]
     variants += [(suffix, settings, {"predcp": False}) for suffix, settings in run.variants]
     for suffix, settings, unc in variants:
         config = reconstruction_config(case, run, settings, **unc)
-        result = ctuq.reconstruct(sino, config)
+        likelihoods = []
+        with _kept_heldout_likelihoods(likelihoods) if run.arrays else contextlib.nullcontext():
+            result = ctuq.reconstruct(sino, config)
         if scan.hidden is not None:
             center = center or auto_center_record(scan)  # the scan's, once for its variants
             out.setdefault("realistic", {})[suffix or "default"] = realistic_record(
@@ -291,9 +294,9 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
             out[key].update(r[key])
         arrays["x_hat"] = np.asarray(result.reconstruction)
         arrays["var_post" + suffix] = np.asarray(result.posterior_std, np.float64) ** 2
-        if run.arrays:
-            arrays.update({f"heldout{suffix}_{k}": v for k, v in
-                           _heldout_likelihood(scan, config, result, heldout_fits).arrays().items()})
+        if likelihoods:  # the held-out term's likelihood (absent without that term)
+            arrays.update({f"heldout{suffix}_{k}": v
+                           for k, v in likelihoods[-1].arrays().items()})
         log.info("%s: %s ±2σ %.3f (posterior %.3f), LL %.3f", case["id"], "heldout" + suffix,
                  m["heldout" + suffix]["coverage_2"], m["posterior" + suffix]["coverage_2"],
                  m["heldout" + suffix]["pixel_log_likelihood"])
@@ -316,30 +319,33 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
     return clean(out)
 
 
-def _heldout_likelihood(scan, config, result, fits: dict):
-    """The held-out likelihood of a result's scan, for tuning the held-out fit.
+@contextlib.contextmanager
+def _kept_heldout_likelihoods(into: list):
+    """Keep, in ``into``, the held-out likelihood each reconstruction in the block fits its
+    model error with, for tuning the held-out term afterwards.
 
-    Refits the held-out DIP (``ctuq.reconstruct`` keeps no such fit) with the
-    same split and settings as the reconstruction's model-error stage; the
-    fit is kept in ``fits`` for the scan's other variants (it does not
-    depend on the uncertainty settings that tell them apart).
+    The very arrays the run used (``fit_heldout`` is :func:`heldout_likelihood`
+    then :meth:`HeldoutLikelihood.fit`), so the image they judge is the one
+    the run judged: the held-out fit's output, or with a linear step
+    (``mean = "linear-heldout"``) that output plus its own step; a refit of the
+    held-out DIP could give neither exactly.
     """
-    from ctuq.recon import model_error as me
-    from ctuq.recon.problem import ReconstructionProblem
+    from ctuq.recon.model_error import heldout, terms
 
-    # the problem the reconstruction solved: the data divided by their scale
-    p = ReconstructionProblem.from_sinogram(sinogram(scan, with_truth=False), config)
-    unc = p.uncertainty
-    key = (unc.heldout_every, unc.heldout_min_out)
-    if key not in fits:
-        fits[key] = me.heldout_fit(p.y, p.op, p.dip, every=unc.heldout_every,
-                                   min_out=unc.heldout_min_out, noise_std=p.noise.std,
-                                   ray_variance=p.noise.ray_variance)
-    mask, dip_in = fits[key]
-    var_post = torch.as_tensor(np.asarray(result.posterior_std), dtype=torch.float64).square()
-    return me.heldout_likelihood(p.op, p.y, mask, dip_in.reconstruction.detach().cpu(),
-                                 var_post / p.scale ** 2, p.noise.variance,
-                                 ray_variance=p.noise.ray_variance)
+    def fit_and_keep(op, y, out_mask, x_hat_in, posterior_variance, noise_var, *,
+                     max_rows=2048, seed=0, prior=None, prior_width=1.0, ray_variance=None):
+        lik = heldout.heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance,
+                                         noise_var, max_rows=max_rows, seed=seed,
+                                         ray_variance=ray_variance)
+        into.append(lik)
+        return lik.fit(prior, prior_width)
+
+    real = terms.fit_heldout
+    terms.fit_heldout = fit_and_keep
+    try:
+        yield into
+    finally:
+        terms.fit_heldout = real
 
 
 def _ivon(case: dict, run: CalibrationRun, scan, sino, row: dict) -> dict:
