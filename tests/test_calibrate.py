@@ -100,3 +100,48 @@ def test_calibrates_the_image_the_settings_show(monkeypatch):
     np.testing.assert_allclose(seen["means"][0], shown, atol=1e-5)
     np.testing.assert_allclose(seen["variances"][0], np.asarray(r.posterior_std) ** 2,
                                rtol=1e-4, atol=1e-12)
+
+
+def test_calibration_from_a_benchmarks_tuning_arrays(tmp_path):
+    """scripts/calibrate_from_bench.py fits what ctuq calibrate fits, to the kept images of a
+    tuning-split benchmark run, and refuses cases of any other split."""
+    import json
+    import subprocess
+    import sys
+
+    from ctuq.data.phantoms import ellipses
+    from ctuq.recon.calibrate import fit_calibration
+
+    root = Path(__file__).resolve().parents[1]
+    gen = np.random.default_rng(1)
+    rows, arrays = [], []
+    for i in range(2):
+        truth = ellipses(16, seed=i).astype(np.float64)
+        x_hat = truth + gen.standard_normal(truth.shape) * 0.05
+        var_post = np.full(truth.shape, 1e-3)
+        cid = f"tuning/ellipses/{i}/16/20/1"
+        np.savez(tmp_path / (cid.replace("/", "_") + ".npz"), truth=truth, x_hat=x_hat,
+                 var_post=var_post)
+        rows.append({"id": cid, "split": "tuning", "family": "ellipses", "size": 16,
+                     "n_angles": 20, "noise": 0.01, "preset": "reference-28"})
+        arrays.append((truth, x_hat, var_post))
+    part = tmp_path / "tune.jsonl"
+    part.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "cal.json"
+    cmd = [sys.executable, "scripts/calibrate_from_bench.py", "--partial", str(part),
+           "--arrays", str(tmp_path), "--out", str(out),
+           "--settings", "uncertainty.laplace.mean=linear-heldout"]
+    subprocess.run(cmd, cwd=root, check=True, capture_output=True, timeout=120)
+    c = ModelErrorCoefficients.load(out)
+    direct = fit_calibration(*zip(*arrays))
+    assert c.t0 == pytest.approx(direct.t0) and c.s1 == pytest.approx(direct.s1)
+    assert c.conformal == pytest.approx(direct.conformal) and c.t0 > 0.5  # the noise is seen
+    assert c.info["split"] == "tuning" and c.info["scans"] == [r["id"] for r in rows]
+    assert c.info["uncertainty"] == {"laplace": {"mean": "linear-heldout"}}
+    # a validation case would leak into the figures measured on that split: refused
+    part.write_text(part.read_text() + json.dumps({**rows[0], "id": "validation/x",
+                                                   "split": "validation"}) + "\n")
+    bad = subprocess.run(cmd[:-2] + ["--out", str(tmp_path / "bad.json")], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "validation split" in bad.stderr
+    assert not (tmp_path / "bad.json").exists()

@@ -34,7 +34,7 @@ from ctuq.progress import check_cancel, emit_progress
 from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, conformal_scale, fit_to_truth
 
-__all__ = ["calibrate", "calibration_scans"]
+__all__ = ["calibrate", "calibration_scans", "fit_calibration"]
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +142,29 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
         log.info("calibration scan %d/%d (%s): PSNR %.2f dB", i + 1, len(scans), label,
                  r.metrics.get("psnr", float("nan")))
     emit_progress(progress, "calibrate", len(scans), len(scans), "fitting")
+    return fit_calibration(
+        truths, means, variances, preset=preset, size=int(size),
+        families=list(families or FAMILIES["tuning"]), split="tuning", angles=list(angles),
+        noise_levels=list(noise_levels), n_per_family=int(n_per_family),
+        scans=[label for label, _ in scans], seconds=time.perf_counter() - t0,
+        uncertainty={k: v for k, v in config.uncertainty.items()})
+
+
+def fit_calibration(truths, means, variances, **info) -> ModelErrorCoefficients:
+    """The calibrated term's ``(t0, s1)`` and the conformal multiplier from known truths.
+
+    Parameters
+    ----------
+    truths, means, variances : sequences of arrays, each (H, W)
+        Ground truths, the images shown and their posterior variances.
+    **info
+        What they were fitted on (JSON-able), kept in ``info`` beside the
+        fit's log-likelihood.
+
+    Returns
+    -------
+    ModelErrorCoefficients
+    """
     fitted = fit_to_truth(truths, means, variances)
     q = conformal_scale(truths, means, [np.sqrt(v) for v in variances])
-    info = {**fitted.info, "preset": preset, "size": int(size),
-            "families": list(families or FAMILIES["tuning"]), "split": "tuning",
-            "angles": list(angles), "noise_levels": list(noise_levels),
-            "n_per_family": int(n_per_family), "scans": [label for label, _ in scans],
-            "seconds": time.perf_counter() - t0,
-            "uncertainty": {k: v for k, v in config.uncertainty.items()}}
-    return dataclasses.replace(fitted, conformal=max(q, 1e-6), info=info)
+    return dataclasses.replace(fitted, conformal=max(q, 1e-6), info={**fitted.info, **info})
