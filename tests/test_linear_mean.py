@@ -127,28 +127,6 @@ def test_pipeline_takes_the_step_at_the_held_out_length(runs):
     assert "psnr_dip" in held.metrics
 
 
-def test_pipeline_centres_the_prior_on_the_stepped_images_own_calibration(runs, tmp_path,
-                                                                         monkeypatch):
-    from conftest import digit_sinogram
-
-    from ctuq.recon.model_error import ModelErrorCoefficients
-    from ctuq.recon.model_error import coefficients as me
-
-    _, _, held = runs
-    preset = held.config["preset"]
-    monkeypatch.setattr(me, "DEFAULTS_DIR", tmp_path)
-    ModelErrorCoefficients(1.0, 0.3, "calibrated").save(tmp_path / f"{preset}.json")
-    ModelErrorCoefficients(0.8, 0.05, "calibrated").save(
-        tmp_path / f"{preset}.linear-heldout.json")
-    r = ctuq.reconstruct(digit_sinogram(), ReconstructionConfig(
-        seed=0, device="cpu", threads=1, dip={"iterations": 30},
-        uncertainty={"predictive_samples": 8, "laplace": {"em_steps": 1, "n_samples": 2,
-                                                          "mean": "linear-heldout"}}))
-    prior = r.config["model_error"]["info"]["prior"]
-    assert (prior["t0"], prior["s1"]) == (0.8, 0.05)
-    assert prior["from"] == f"shipped:{preset}.linear-heldout"
-
-
 def test_heldout_model_error_judges_the_held_out_fit_with_its_own_step():
     """The held-out term scores the held-out fit plus its own step on the left-out rows
     (a step far off gives a far larger model error than none); with an open length it

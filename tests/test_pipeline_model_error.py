@@ -116,34 +116,6 @@ def test_heldout_prior_comes_from_the_named_file_or_the_shipped_one(tmp_path, mo
         UncertaintyConfig(heldout_prior_width=-1)
 
 
-def test_a_stepped_image_takes_its_own_shipped_calibration(tmp_path, monkeypatch):
-    """mean = 'linear-heldout' shows the DIP output plus a step, whose error is not the DIP
-    output's: its own shipped calibration (``<preset>.<image>.json``) where there is one,
-    else the DIP output's; the DIP output never takes the stepped image's."""
-    from ctuq.recon.config import UncertaintyConfig
-    from ctuq.recon.model_error import coefficients as me
-    from ctuq.recon.model_error import make_model_error
-    from ctuq.recon.pipeline import heldout_prior
-
-    monkeypatch.setattr(me, "DEFAULTS_DIR", tmp_path)
-    stepped = UncertaintyConfig(laplace={"mean": "linear-heldout"})
-    ModelErrorCoefficients(1.0, 0.1, "calibrated").save(tmp_path / "dip-64.json")
-    assert heldout_prior(stepped, "dip-64")[1] == "shipped:dip-64"  # none of its own: the DIP's
-    ModelErrorCoefficients(0.7, 0.02, "calibrated", conformal=1.2).save(
-        tmp_path / "dip-64.linear-heldout.json")
-    prior, source = heldout_prior(stepped, "dip-64")
-    assert (prior.t0, prior.s1, source) == (0.7, 0.02, "shipped:dip-64.linear-heldout")
-    prior, source = heldout_prior(UncertaintyConfig(), "dip-64")
-    assert (prior.t0, source) == (1.0, "shipped:dip-64")
-    # 'linear' (the whole step) has none of its own: the DIP output's
-    whole = UncertaintyConfig(laplace={"mean": "linear"})
-    assert heldout_prior(whole, "dip-64")[1] == "shipped:dip-64"
-    # the calibrated term reads the same file for the same image
-    term = make_model_error("calibrated", stepped, "dip-64", image="linear-heldout").prepare()
-    assert (term.calibration.t0, term.source) == (0.7, "shipped:dip-64.linear-heldout")
-    assert me.shipped_calibration("dip-128", "linear-heldout") is None
-
-
 def test_heldout_with_a_calibration_records_its_prior_and_the_likelihood_optimum(scan, tmp_path):
     path = ModelErrorCoefficients(2.0, 0.3, "calibrated").save(tmp_path / "c.json")
     r = ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4,

@@ -328,12 +328,10 @@ def posterior_uncertainty(dip, op, y: torch.Tensor, noise_std: float,
 
 def heldout_prior(unc: UncertaintyConfig, preset: str):
     """The calibration that centres the held-out fit's prior, and where it came from
-    (:func:`ctuq.recon.model_error.terms.heldout_prior` for ``unc``'s method and the image
-    it shows)."""
+    (:func:`ctuq.recon.model_error.terms.heldout_prior` for ``unc``'s method)."""
     from ctuq.recon.model_error import heldout_prior as prior
 
-    return prior(unc, preset, shipped=unc.method_class.shipped_calibration,
-                 image=unc.make_method().shown_image())
+    return prior(unc, preset, shipped=unc.method_class.shipped_calibration)
 
 
 # -- the stages of one slice ---------------------------------------------------------
@@ -417,8 +415,7 @@ def reconstruct_slice(problem: ReconstructionProblem, progress=None, cancel=None
     unc = problem.uncertainty
     # read any calibration file before a fit: a missing or bad one fails at once
     s.term = make_model_error(unc.model_error, unc, problem.preset,
-                              shipped=s.method.shipped_calibration,
-                              image=s.method.shown_image()).prepare()
+                              shipped=s.method.shipped_calibration).prepare()
     for name, stage in STAGES:
         t0 = time.perf_counter()
         stage(s)

@@ -156,13 +156,6 @@ class UncertaintyMethod:
         """The model-error term these settings need (checked with the settings), or None."""
         return None
 
-    def shown_image(self) -> str:
-        """The image the method shows: ``'dip'``, the DIP output (the default), or the
-        name of its step from it. Picks the shipped model-error calibration, which
-        is fitted to one image's error
-        (:func:`~ctuq.recon.model_error.coefficients.shipped_calibration`)."""
-        return "dip"
-
     def adapt_dip(self, dip_config):
         """The DIP settings of the pipeline's fit for this method (default: unchanged)."""
         return dip_config

@@ -165,9 +165,6 @@ class LaplaceMethod(UncertaintyMethod):
 
         return HELDOUT if settings.mean == "linear-heldout" else None
 
-    def shown_image(self) -> str:
-        return self.settings.mean
-
     def run(self, problem, dip, *, stages, progress=None, cancel=None) -> UncertaintyOutcome:
         from ctuq.recon.evidence import options_summary
         from ctuq.recon.posterior_handle import LinearisedPosterior

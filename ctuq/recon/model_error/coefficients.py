@@ -22,7 +22,6 @@ from ctuq.recon.model_error.edges import _img, edge_strength
 from ctuq.recon.model_error.names import CALIBRATED, NONE
 
 __all__ = ["ModelErrorCoefficients", "coefficients_for", "shipped_coefficients",
-           "shipped_calibration",
            "model_error_variance", "fit_to_truth", "conformal_scale", "DEFAULTS_DIR",
            "FILE_FORMAT"]
 
@@ -33,24 +32,10 @@ FILE_FORMAT = "ctuq-model-error"
 DEFAULTS_DIR = Path(__file__).parents[1] / "model_error_defaults"
 
 
-def shipped_calibration(preset: str, image: str = "dip") -> str | None:
-    """The name of the calibration ctuq ships for ``preset``'s ``image``, or None.
-
-    ``<preset>.<image>`` (``model_error_defaults/dip-64.linear-heldout.json``)
-    where ctuq ships one for an image other than the DIP output (a method's
-    step from it, :class:`~ctuq.recon.methods.base.UncertaintyMethod.shown_image`):
-    its error is not the DIP output's. Otherwise the DIP output's ``<preset>``,
-    where shipped.
-    """
-    names = ([f"{preset}.{image}"] if image != "dip" else []) + [preset]
-    return next((n for n in names if (DEFAULTS_DIR / f"{n}.json").is_file()), None)
-
-
-def shipped_coefficients(preset: str, image: str = "dip") -> "ModelErrorCoefficients | None":
-    """The calibration ctuq ships for ``preset``'s ``image`` (:func:`shipped_calibration`)
-    or None."""
-    name = shipped_calibration(preset, image)
-    return None if name is None else ModelErrorCoefficients.load(DEFAULTS_DIR / f"{name}.json")
+def shipped_coefficients(preset: str) -> "ModelErrorCoefficients | None":
+    """The calibration ctuq ships for ``preset`` (``model_error_defaults/<preset>.json``) or None."""
+    shipped = DEFAULTS_DIR / f"{preset}.json"
+    return ModelErrorCoefficients.load(shipped) if shipped.is_file() else None
 
 
 @dataclass(frozen=True)

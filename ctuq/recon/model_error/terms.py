@@ -55,8 +55,7 @@ from torch import Tensor
 
 from ctuq.errors import InputError
 from ctuq.progress import check_cancel, emit_progress
-from ctuq.recon.model_error.coefficients import (ModelErrorCoefficients, shipped_calibration,
-                                                 shipped_coefficients)
+from ctuq.recon.model_error.coefficients import ModelErrorCoefficients, shipped_coefficients
 from ctuq.recon.model_error.heldout import (fit_heldout, heldout_fit, heldout_step_length,
                                             kept_rows)
 from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT, NONE
@@ -102,11 +101,6 @@ class ModelErrorTerm:
     shipped : bool
         Whether the uncertainty method's std is the one ctuq's shipped
         calibrations were fitted with (only then are they used unasked).
-    image : str
-        The image the method shows (``'dip'``: the DIP output; else its step,
-        :meth:`~ctuq.recon.methods.base.UncertaintyMethod.shown_image`): picks
-        the shipped calibration of that image's error where ctuq ships one
-        (:func:`~ctuq.recon.model_error.coefficients.shipped_calibration`).
     """
 
     #: The name in ``[uncertainty] model_error`` (set by each subclass).
@@ -114,9 +108,8 @@ class ModelErrorTerm:
     #: Needs a calibration (a file, or a shipped one): checked with the settings.
     needs_calibration: ClassVar[bool] = False
 
-    def __init__(self, settings, preset: str, *, shipped: bool = True, image: str = "dip"):
+    def __init__(self, settings, preset: str, *, shipped: bool = True):
         self.settings, self.preset, self.shipped = settings, preset, bool(shipped)
-        self.image = image
         self.calibration: ModelErrorCoefficients | None = None
         self.source: str | None = None
 
@@ -225,7 +218,7 @@ class HeldoutTerm(ModelErrorTerm):
 
     def prepare(self):
         self.calibration, self.source = heldout_prior(self.settings, self.preset,
-                                                      shipped=self.shipped, image=self.image)
+                                                      shipped=self.shipped)
         return self
 
     def fit_first(self, problem, *, progress=None, cancel=None):
@@ -318,9 +311,8 @@ class CalibratedTerm(ModelErrorTerm):
 
     def prepare(self):
         path = self.settings.model_error_file
-        self.calibration = coefficients_for(self.preset, path, image=self.image)
-        self.source = str(path) if path else \
-            f"shipped:{shipped_calibration(self.preset, self.image)}"
+        self.calibration = coefficients_for(self.preset, path)
+        self.source = str(path) if path else f"shipped:{self.preset}"
         return self
 
 
@@ -344,8 +336,8 @@ MODEL_ERROR_TERMS: dict[str, type[ModelErrorTerm]] = {
 METHODS = tuple(MODEL_ERROR_TERMS)
 
 
-def make_model_error(name: str, settings, preset: str, *, shipped: bool = True,
-                     image: str = "dip") -> ModelErrorTerm:
+def make_model_error(name: str, settings, preset: str, *, shipped: bool = True
+                     ) -> ModelErrorTerm:
     """The term ``name`` of :data:`MODEL_ERROR_TERMS` (not yet prepared).
 
     Raises
@@ -358,11 +350,11 @@ def make_model_error(name: str, settings, preset: str, *, shipped: bool = True,
     except KeyError:
         raise InputError(f"must be one of {', '.join(MODEL_ERROR_TERMS)}, got {name!r}",
                          field="uncertainty.model_error") from None
-    return cls(settings, preset, shipped=shipped, image=image)
+    return cls(settings, preset, shipped=shipped)
 
 
-def coefficients_for(preset: str, path=None, *, image: str = "dip") -> ModelErrorCoefficients:
-    """The calibration of ``path``, or the one shipped for ``preset``'s ``image``.
+def coefficients_for(preset: str, path=None) -> ModelErrorCoefficients:
+    """The calibration of ``path``, or the one shipped for ``preset``.
 
     Raises
     ------
@@ -371,7 +363,7 @@ def coefficients_for(preset: str, path=None, *, image: str = "dip") -> ModelErro
     """
     if path is not None:
         return _known_term(ModelErrorCoefficients.load(path), path)
-    shipped = shipped_coefficients(preset, image)
+    shipped = shipped_coefficients(preset)
     if shipped is None:
         raise InputError(f"ctuq ships no model-error calibration for preset {preset!r}: run "
                          "'ctuq calibrate --size SIDE --out FILE' (SIDE: the image side of "
@@ -381,12 +373,11 @@ def coefficients_for(preset: str, path=None, *, image: str = "dip") -> ModelErro
     return shipped
 
 
-def heldout_prior(settings, preset: str, *, shipped: bool = True, image: str = "dip"):
+def heldout_prior(settings, preset: str, *, shipped: bool = True):
     """The calibration that centres the held-out fit's prior, and where it came from.
 
     ``(None, None)`` when ``heldout_prior_width`` is 0, or when no
-    ``model_error_file`` is named and ctuq ships none for the preset (its
-    ``image``'s, :func:`~ctuq.recon.model_error.coefficients.shipped_calibration`; or
+    ``model_error_file`` is named and ctuq ships none for the preset (or
     ``shipped`` is False: the method's std is not the one the shipped files
     were fitted with).
     """
@@ -397,8 +388,8 @@ def heldout_prior(settings, preset: str, *, shipped: bool = True, image: str = "
         return _known_term(ModelErrorCoefficients.load(path), path), str(path)
     if not shipped:
         return None, None
-    name = shipped_calibration(preset, image)
-    return (shipped_coefficients(preset, image), f"shipped:{name}") if name else (None, None)
+    found = shipped_coefficients(preset)
+    return (found, f"shipped:{preset}") if found is not None else (None, None)
 
 
 def _known_term(coefficients: ModelErrorCoefficients, path) -> ModelErrorCoefficients:
