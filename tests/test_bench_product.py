@@ -20,9 +20,12 @@ from ctuq.recon.model_error import ModelErrorCoefficients
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
-    case = next(c for c in calibration_cases("test", [28], 1) if c["family"] == "digits")
-    # ctuq ships no calibration for the 28² preset: a made-up one, for calibrated/conformal
+def _quick_case(tmp_path, family: str, **run_settings):
+    """A 28² test case run quickly with arrays kept: ``(case, preset, calibration, run, row)``.
+
+    ctuq ships no calibration for the 28² preset: a made-up one, for calibrated/conformal.
+    """
+    case = next(c for c in calibration_cases("test", [28], 1) if c["family"] == family)
     config = cal.reconstruction_config(case, cal.CalibrationRun())
     preset = config.preset_for((case["size"], case["size"]))
     calibration = ModelErrorCoefficients(1.5, 0.05, "calibrated", conformal=1.3)
@@ -31,8 +34,13 @@ def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
     run = cal.CalibrationRun(quick=True, quick_iterations=40, predcp_variants=(False,),
                              calibration=str(tmp_path / "cal"), mc_dropout=False,
                              arrays=str(tmp_path / "arrays"),
-                             uncertainty={"n_samples": 2, "predictive_samples": 16})
-    row = cal.run_case(case, run)
+                             uncertainty={"n_samples": 2, "predictive_samples": 16},
+                             **run_settings)
+    return case, preset, calibration, run, cal.run_case(case, run)
+
+
+def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
+    case, preset, calibration, run, row = _quick_case(tmp_path, "digits")
 
     scan = simulate(case)
     write_sinogram_npz(tmp_path / "scan.npz", sinogram(scan, with_truth=False))
@@ -74,18 +82,8 @@ def test_kept_likelihood_is_the_one_the_run_judged_its_stepped_image_with(tmp_pa
     its unstepped output and miss them)."""
     from ctuq.bench.tuning import tune_prior_width
 
-    case = next(c for c in calibration_cases("test", [28], 1) if c["family"] == "ellipses")
-    config = cal.reconstruction_config(case, cal.CalibrationRun())
-    preset = config.preset_for((case["size"], case["size"]))
-    calibration = ModelErrorCoefficients(1.5, 0.05, "calibrated", conformal=1.3)
-    (tmp_path / "cal").mkdir()
-    calibration.save(tmp_path / "cal" / f"{preset}.json")
-    run = cal.CalibrationRun(quick=True, quick_iterations=40, predcp_variants=(False,),
-                             calibration=str(tmp_path / "cal"), mc_dropout=False,
-                             arrays=str(tmp_path / "arrays"),
-                             uncertainty={"n_samples": 2, "predictive_samples": 16},
-                             settings={"uncertainty": {"laplace": {"mean": "linear-heldout"}}})
-    row = cal.run_case(case, run)
+    _, preset, _, _, row = _quick_case(
+        tmp_path, "ellipses", settings={"uncertainty": {"laplace": {"mean": "linear-heldout"}}})
     tuned = tune_prior_width([row], tmp_path / "arrays", tmp_path / "cal" / f"{preset}.json",
                              [float("inf")])
     (fit,) = tuned["cases"]
