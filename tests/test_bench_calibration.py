@@ -94,6 +94,8 @@ def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
     assert abs(math.log(case["0.5"]["t0"] / 30.0)) < 0.1  # the prior keeps it
     assert out["summary"]["0.5"]["coverage_2_mean"] > out["summary"]["inf"]["coverage_2_mean"]
     assert out["chosen"] in ("0.5", "inf") and out["summary"]["inf"]["images"] == 1
+    # ±1σ beside the rule's scores: the prior that keeps the term covers more at ±1σ too
+    assert out["summary"]["0.5"]["coverage_1_mean"] > out["summary"]["inf"]["coverage_1_mean"]
     bad = subprocess.run([sys.executable, "scripts/tune_heldout_prior.py"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     assert bad.returncode == 2 and "--partial" in bad.stderr  # argparse: required options

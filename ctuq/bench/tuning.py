@@ -31,8 +31,9 @@ log = logging.getLogger("ctuq.bench.tuning")
 __all__ = ["KEYS", "LL_SLACK", "score_total", "summarise", "choose_width", "choose_split",
            "tune_prior_width", "tune_split"]
 
-#: The scores a tuning rule looks at.
-KEYS = ("coverage_2", "coverage_2_edges", "pixel_log_likelihood", "spearman")
+#: The scores a tuning rule looks at, and ±1σ beside them: a wider interval never passes
+#: for a better one unseen (the rules do not read it yet).
+KEYS = ("coverage_2", "coverage_2_edges", "pixel_log_likelihood", "spearman", "coverage_1")
 
 #: Nats per pixel a split may lose against every 6th (:func:`choose_split`).
 LL_SLACK = 0.1
