@@ -273,16 +273,19 @@ def _dip_fit(problem, config):
 def test_sync_free_step_keeps_the_same_books_as_the_plain_loop(problem):
     # the step that the CUDA graph captures, run eagerly on the CPU: its on-device
     # bookkeeping (history, best loss/iteration/weights/output) must match the plain loop
+    # a constant, large learning rate: the loss jumps up and down to the end (under the
+    # cosine schedule the last iterate can be the best, and then "best" is just "last")
     cfg = tiny_config(unet=UNetConfig(scales=2, channels=(8, 8), skip_channels=(0, 2),
-                                      use_norm=True), iterations=25, lr=1.0,
-                      progress_every=7)
+                                      use_norm=True), iterations=25, lr=0.3,
+                      lr_schedule="constant", progress_every=7)
     torch.manual_seed(1)
     plain = _dip_fit(problem, cfg).run_plain()
     torch.manual_seed(1)
     free = _dip_fit(problem, cfg).run_graphed(graph=False)
     np.testing.assert_array_equal(free[0], plain[0])
     assert free[1:3] == plain[1:3]
-    assert 0 < plain[2] < 24  # the loss was not monotone: the bookkeeping had work to do
+    # the loss was not monotone: the bookkeeping had worse iterates to pass over
+    assert np.any(np.diff(plain[0][0]) > 0) and plain[2] > 0
     assert free[3].keys() == plain[3].keys()
     for k in plain[3]:
         assert torch.equal(free[3][k], plain[3][k]), k
