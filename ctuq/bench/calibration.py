@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from pathlib import Path
@@ -322,26 +323,17 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
 @contextlib.contextmanager
 def _kept_heldout_likelihoods(into: list):
     """Keep, in ``into``, the held-out likelihood each reconstruction in the block fits its
-    model error with, for tuning the held-out term afterwards.
+    model error with (``fit_heldout(keep=...)``), for tuning the held-out term afterwards.
 
-    The very arrays the run used (``fit_heldout`` is :func:`heldout_likelihood`
-    then :meth:`HeldoutLikelihood.fit`), so the image they judge is the one
-    the run judged: the held-out fit's output, or with a linear step
-    (``mean = "linear-heldout"``) that output plus its own step; a refit of the
-    held-out DIP could give neither exactly.
+    The very arrays the run used, so the image they judge is the one the run
+    judged: the held-out fit's output, or with a linear step (``mean =
+    "linear-heldout"``) that output plus its own step; a refit of the held-out
+    DIP could give neither exactly.
     """
-    from ctuq.recon.model_error import heldout, terms
-
-    def fit_and_keep(op, y, out_mask, x_hat_in, posterior_variance, noise_var, *,
-                     max_rows=2048, seed=0, prior=None, prior_width=1.0, ray_variance=None):
-        lik = heldout.heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance,
-                                         noise_var, max_rows=max_rows, seed=seed,
-                                         ray_variance=ray_variance)
-        into.append(lik)
-        return lik.fit(prior, prior_width)
+    from ctuq.recon.model_error import terms
 
     real = terms.fit_heldout
-    terms.fit_heldout = fit_and_keep
+    terms.fit_heldout = functools.partial(real, keep=into)
     try:
         yield into
     finally:

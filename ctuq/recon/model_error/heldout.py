@@ -419,7 +419,8 @@ def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var:
 
 def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
                 max_rows: int = 2048, seed: int = 0, prior: ModelErrorCoefficients | None = None,
-                prior_width: float = 1.0, ray_variance=None) -> ModelErrorCoefficients:
+                prior_width: float = 1.0, ray_variance=None,
+                keep: list | None = None) -> ModelErrorCoefficients:
     """Coefficients from the likelihood of held-out projections (the held-out term).
 
     :func:`heldout_likelihood` followed by :meth:`HeldoutLikelihood.fit`:
@@ -438,6 +439,10 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
         Centre of the prior. Default None: maximum likelihood.
     prior_width : float, optional
         Natural-log standard deviation of the prior. Default 1.0.
+    keep : list, optional
+        The :class:`HeldoutLikelihood` is appended to it, so that the very
+        likelihood a run judged its image with can be refitted later (tuning
+        the prior). Default None.
 
     Returns
     -------
@@ -446,5 +451,7 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
     """
     lik = heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var,
                              max_rows=max_rows, seed=seed, ray_variance=ray_variance)
+    if keep is not None:
+        keep.append(lik)
     return lik.fit(prior, prior_width)
 
