@@ -99,7 +99,12 @@ def test_missing_calibration_is_one_clear_error(scan, tmp_path):
 def test_heldout_prior_comes_from_the_named_file_or_the_shipped_one(tmp_path, monkeypatch):
     from ctuq.recon.config import UncertaintyConfig
     from ctuq.recon.model_error import coefficients as me
-    from ctuq.recon.pipeline import heldout_prior
+    from ctuq.recon.model_error import make_model_error
+
+    def heldout_prior(unc, preset):  # as the pipeline prepares the term for unc's method
+        term = make_model_error("heldout", unc, preset,
+                                shipped=unc.method_class.shipped_calibration).prepare()
+        return term.calibration, term.source
 
     path = ModelErrorCoefficients(2.0, 0.3, "calibrated").save(tmp_path / "c.json")
     prior, source = heldout_prior(UncertaintyConfig(model_error_file=str(path)), "dip-64")

@@ -326,14 +326,6 @@ def posterior_uncertainty(dip, op, y: torch.Tensor, noise_std: float,
                              seed=seed, progress=progress, cancel=cancel, stages=stages)
 
 
-def heldout_prior(unc: UncertaintyConfig, preset: str):
-    """The calibration that centres the held-out fit's prior, and where it came from
-    (:func:`ctuq.recon.model_error.terms.heldout_prior` for ``unc``'s method)."""
-    from ctuq.recon.model_error import heldout_prior as prior
-
-    return prior(unc, preset, shipped=unc.method_class.shipped_calibration)
-
-
 # -- the stages of one slice ---------------------------------------------------------
 
 
