@@ -120,6 +120,11 @@ def test_heldout_likelihood_round_trips_through_its_arrays(tmp_path):
     np.savez(tmp_path / "lik.npz", **lik.arrays())
     back = me.HeldoutLikelihood.from_arrays(np.load(tmp_path / "lik.npz"))
     assert back.heldout_angles == lik.heldout_angles == 30
+    # the image the residuals are of and the left-out angles travel with it
+    assert np.array_equal(back.image, lik.image) and back.image.shape == (32, 32)
+    assert np.array_equal(back.out_mask, me.heldout_split(90, 3))
+    old = {k: v for k, v in lik.arrays().items() if k not in ("image", "out_mask")}
+    assert me.HeldoutLikelihood.from_arrays(old).image is None  # a file from before them
     for p in ((0.0, -1.0), (1.0, -2.0)):
         assert back.nll(*p) == lik.nll(*p)
     with pytest.raises(InputError, match="heldout_prior_width"):

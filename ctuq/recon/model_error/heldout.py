@@ -219,6 +219,12 @@ class HeldoutLikelihood:
     heldout_angles : int
     ray_variance : ndarray, shape (m,), or None
         ``v`` of the held-out measurements; None: ``V = I``.
+    image : ndarray, shape (H, W), or None
+        ``x̂_in``, the image whose residuals ``r`` are (not used by the fit:
+        kept so that a stored likelihood can be judged against a known
+        truth, or rebuilt with other features).
+    out_mask : ndarray of bool, shape (n_angles,), or None
+        The left-out angles (as ``image``, for a rebuild).
     """
 
     r: np.ndarray
@@ -228,6 +234,8 @@ class HeldoutLikelihood:
     noise_var: float
     heldout_angles: int = 0
     ray_variance: np.ndarray | None = None
+    image: np.ndarray | None = None
+    out_mask: np.ndarray | None = None
 
     def _factor(self, v):
         """``(summed nll, Cholesky factor, α = M⁻¹ r)`` at the variances ``v = (t0², s1²)``.
@@ -340,17 +348,21 @@ class HeldoutLikelihood:
         out = {"r": self.r, "M_post": self.M_post, "M_const": self.M_const,
                "M_edge": self.M_edge, "noise_var": np.float64(self.noise_var),
                "heldout_angles": np.int64(self.heldout_angles)}
-        if self.ray_variance is not None:
-            out["ray_variance"] = self.ray_variance
+        for key in ("ray_variance", "image", "out_mask"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
     @classmethod
     def from_arrays(cls, arrays) -> "HeldoutLikelihood":
-        v = arrays["ray_variance"] if "ray_variance" in arrays else None
+        def optional(key, dtype):  # absent from files made before the field existed
+            return np.asarray(arrays[key], dtype) if key in arrays else None
+
         return cls(*(np.asarray(arrays[k], np.float64) for k in ("r", "M_post", "M_const",
                                                                   "M_edge")),
                    float(arrays["noise_var"]), int(arrays["heldout_angles"]),
-                   None if v is None else np.asarray(v, np.float64))
+                   optional("ray_variance", np.float64), optional("image", np.float32),
+                   optional("out_mask", bool))
 
 
 def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
@@ -413,8 +425,10 @@ def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var:
 
     v_out = None if ray_variance is None else torch.as_tensor(
         ray_variance).detach().double().cpu().numpy().reshape(-1)[rows[keep]]
+    image = _img(x_hat_in).numpy().astype(np.float32)
     return HeldoutLikelihood(r_all[rows[keep]], gram(vp), gram(np.full_like(vp, vp.mean())),
-                             gram(e2), float(noise_var), int(out_mask.sum()), v_out)
+                             gram(e2), float(noise_var), int(out_mask.sum()), v_out,
+                             image, out_mask)
 
 
 def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
