@@ -101,6 +101,31 @@ def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
     assert bad.returncode == 2 and "--partial" in bad.stderr  # argparse: required options
 
 
+def test_correlation_tuning_script_skips_scans_kept_without_their_image(tmp_path):
+    # a likelihood stored before the held-out image was kept cannot be rebuilt: listed, skipped
+    gen = np.random.default_rng(1)
+    size, m = 16, 12
+    x_hat = ellipses(size, seed=3).astype(np.float64)
+    B = gen.uniform(0, 1, (m, size * size))
+    lik = me.HeldoutLikelihood(gen.standard_normal(m), B @ B.T, B @ B.T, B @ B.T, 1.0, 3)
+    np.savez(tmp_path / "validation_ellipses_0_16_20_5.npz", truth=x_hat, x_hat=x_hat,
+             var_post=np.full((size, size), 1e-4),
+             **{f"heldout_{k}": v for k, v in lik.arrays().items()})
+    (tmp_path / "cases.jsonl").write_text(json.dumps(
+        {"id": "validation/ellipses/0/16/20/5", "condition": "c", "family": "ellipses",
+         "size": size, "n_angles": 20}) + "\n")
+    res = subprocess.run([sys.executable, "scripts/tune_heldout_correlation.py", "--partial",
+                          str(tmp_path / "cases.jsonl"), "--arrays", str(tmp_path),
+                          "--lengths", "0,1"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                         check=True, timeout=120)
+    out = json.loads(res.stdout)
+    assert out["skipped"] == ["validation/ellipses/0/16/20/5"] and out["cases"] == []
+    assert out["chosen"] is None and out["lengths"] == ["0.0", "1.0"]
+    bad = subprocess.run([sys.executable, "scripts/tune_heldout_correlation.py"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert bad.returncode == 2 and "--partial" in bad.stderr
+
+
 def test_carried_methods_are_copied_labelled_and_counted_per_method(tmp_path):
     earlier = tmp_path / "earlier.json"
     old = [{"id": i, "methods": {"fbp": {"c": 0}, "mc_dropout": {"c": 1}, "ivon": {"c": 2}},

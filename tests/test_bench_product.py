@@ -73,6 +73,14 @@ def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
     (fit,) = tuned["cases"]
     assert fit["inf"]["t0"] == pytest.approx(row["coefficients"]["heldout_mle"]["t0"], abs=1e-6)
     assert fit["inf"]["s1"] == pytest.approx(row["coefficients"]["heldout_mle"]["s1"], abs=1e-6)
+    # rebuilt on the benchmark's geometry at the run's own correlation length, the same fit
+    from ctuq.bench.tuning import tune_correlation_length
+
+    rebuilt = tune_correlation_length([row], tmp_path / "arrays", [0.0, 2.0])
+    (fit,) = rebuilt["cases"]
+    for k in ("t0", "s1"):
+        assert fit["0.0"][k] == pytest.approx(row["coefficients"]["heldout_mle"][k], abs=1e-6)
+    assert set(rebuilt["summary"]) == {"0.0", "2.0"} and rebuilt["chosen"] in rebuilt["summary"]
 
 
 def test_kept_likelihood_is_the_one_the_run_judged_its_stepped_image_with(tmp_path):

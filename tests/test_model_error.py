@@ -1,5 +1,6 @@
 """The model-error term: coefficients recovered where the true bias variance is known."""
 
+import dataclasses
 import json
 import math
 
@@ -84,6 +85,84 @@ def test_fit_heldout_recovers_known_coefficients_from_projections_alone():
     assert s1_hat == pytest.approx(HELDOUT_S1, rel=0.15)
 
 
+def _dense_blur(shape, length):
+    """The convolution of :func:`me.correlated_rows` as a dense matrix (zero padding)."""
+    H, W = shape
+    yy, xx = np.meshgrid(np.arange(H), np.arange(W), indexing="ij")
+    d2 = (yy.reshape(-1, 1) - yy.reshape(1, -1)) ** 2 + (xx.reshape(-1, 1) - xx.reshape(1, -1)) ** 2
+    G = np.exp(-0.5 * d2 / length**2)
+    G[d2 > (4 * length) ** 2 * 2] = 0  # outside the kernel's square support
+    radius = int(math.ceil(4 * length))
+    u = np.arange(-radius, radius + 1)
+    return G / math.sqrt((np.exp(-0.5 * u**2 / length**2) ** 2).sum() ** 2)
+
+
+def test_correlated_rows_are_the_rows_convolved_with_a_unit_energy_gaussian():
+    import scipy.sparse as sp
+
+    shape, length = (12, 10), 1.5
+    B = sp.random(7, 120, density=0.2, random_state=0, format="csr")
+    G = _dense_blur(shape, length)
+    G[np.abs(np.subtract.outer(*(2 * [np.arange(12).repeat(10)]))) > 6] = 0  # |dy| <= radius
+    G[np.abs(np.subtract.outer(*(2 * [np.tile(np.arange(10), 12)]))) > 6] = 0  # |dx| <= radius
+    got = me.correlated_rows(B, shape, length).toarray()
+    assert np.allclose(got, B.toarray() @ G, atol=1e-5 * np.abs(got).max())
+    # unit energy: white pixel noise keeps its variance in the image's interior
+    assert (G @ G.T)[5 * 10 + 5, 5 * 10 + 5] == pytest.approx(1.0, rel=1e-3)
+    # below a tenth of a pixel the kernel is one pixel: the rows unchanged
+    assert (me.correlated_rows(B, shape, 0.0) != B).nnz == 0
+
+
+def test_correlated_model_recovers_the_variance_of_errors_correlated_along_rays():
+    # pixel errors G·(t·z): per-pixel std t·rms(std_post) in the interior, correlated over 2 px
+    size, length, t0 = 32, 2.0, 3.0
+    gen = np.random.default_rng(5)
+    x_in = ellipses(size, seed=7).astype(np.float64)
+    vp = np.full(x_in.shape, 1e-4)
+    G = _dense_blur((size, size), length)
+    op = RayTransform(Geometry.parallel(size, n_angles=90), backend="matrix")
+    out = me.heldout_split(90, 3)
+    fits = {0.0: [], length: []}
+    for rep in range(3):
+        delta = (G @ gen.standard_normal(size * size)).reshape(size, size) * t0 * 1e-2
+        y = op(torch.as_tensor(x_in + delta, dtype=torch.float32)).double()
+        y = y + 1e-3 * torch.as_tensor(gen.standard_normal(tuple(y.shape)))
+        for ell in fits:
+            lik = me.heldout_likelihood(op, y, out, x_in, vp, 1e-6, max_rows=600, seed=rep,
+                                        correlation_length=ell)
+            assert lik.correlation_length == ell
+            c = lik.fit()
+            fits[ell].append((c.t0, c.info["nll_per_measurement"]))
+    (t_corr, nll_corr), (_, nll_indep) = np.mean(fits[length], 0), np.mean(fits[0.0], 0)
+    assert t_corr == pytest.approx(t0, rel=0.2)
+    # the held-out residuals tell correlated errors from independent ones
+    assert all(a[1] < b[1] - 0.05 for a, b in zip(fits[length], fits[0.0]))
+    assert nll_corr < nll_indep
+
+
+def test_a_stored_likelihood_is_rebuilt_at_another_correlation_length():
+    size = 24
+    gen = np.random.default_rng(2)
+    x_in = ellipses(size, seed=3).astype(np.float64)
+    vp = gen.uniform(0.5, 1.5, x_in.shape) * 1e-4
+    op = RayTransform(Geometry.parallel(size, n_angles=30), backend="matrix")
+    out = me.heldout_split(30, 3)
+    y = op(torch.as_tensor(x_in + 0.02 * gen.standard_normal(x_in.shape), dtype=torch.float32))
+    made = {ell: me.heldout_likelihood(op, y, out, x_in, vp, 1e-4, correlation_length=ell)
+            for ell in (0.0, 1.5)}
+    for a, b in ((0.0, 1.5), (1.5, 0.0), (0.0, 0.0)):
+        got = made[a].with_correlation_length(op, b)
+        assert got.correlation_length == b
+        for key in ("M_post", "M_const", "M_edge", "r"):
+            assert np.allclose(getattr(got, key), getattr(made[b], key), rtol=1e-4,
+                               atol=1e-6 * np.abs(getattr(made[b], key)).max()), key
+    bare = dataclasses.replace(made[0.0], image=None)
+    with pytest.raises(InputError, match="cannot be rebuilt"):
+        bare.with_correlation_length(op, 1.0)
+    with pytest.raises(InputError, match="held-out measurements"):
+        made[0.0].with_correlation_length(op, 1.0, max_rows=20)
+
+
 def test_heldout_prior_fades_where_the_projections_see_the_model_error():
     # a prior centred 3x off on both coefficients barely moves an informative fit
     prior = me.ModelErrorCoefficients(HELDOUT_T0 / 3, HELDOUT_S1 * 3, "calibrated")
@@ -123,8 +202,10 @@ def test_heldout_likelihood_round_trips_through_its_arrays(tmp_path):
     # the image the residuals are of and the left-out angles travel with it
     assert np.array_equal(back.image, lik.image) and back.image.shape == (32, 32)
     assert np.array_equal(back.out_mask, me.heldout_split(90, 3))
-    old = {k: v for k, v in lik.arrays().items() if k not in ("image", "out_mask")}
+    old = {k: v for k, v in lik.arrays().items()
+           if k not in ("image", "out_mask", "correlation_length")}
     assert me.HeldoutLikelihood.from_arrays(old).image is None  # a file from before them
+    assert me.HeldoutLikelihood.from_arrays(old).correlation_length == 0.0
     for p in ((0.0, -1.0), (1.0, -2.0)):
         assert back.nll(*p) == lik.nll(*p)
     with pytest.raises(InputError, match="heldout_prior_width"):

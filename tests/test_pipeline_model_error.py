@@ -9,6 +9,7 @@ import pytest
 
 import ctuq
 from ctuq.errors import InputError
+from ctuq.recon.config import UncertaintyConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
 
 from conftest import digit_sinogram
@@ -44,6 +45,20 @@ def test_total_variance_is_posterior_plus_model_error(heldout):
     me = r.config["model_error"]
     # every 4th of 24 angles is 6, fewer than heldout_min_out (7): every 3rd, 8 angles
     assert me["method"] == "heldout" and me["info"]["heldout_angles"] == 8
+
+
+def test_the_correlation_length_reaches_the_held_out_fit_and_its_record(scan, heldout):
+    assert heldout.config["model_error"]["info"]["correlation_length"] == 0.0  # the default
+    r = ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4,
+                                       heldout_correlation_length=2.0))
+    me = r.config["model_error"]
+    assert me["info"]["correlation_length"] == 2.0
+    # the same residuals read as correlated errors: other coefficients, the same image
+    assert (me["t0"], me["s1"]) != (heldout.config["model_error"]["t0"],
+                                    heldout.config["model_error"]["s1"])
+    np.testing.assert_array_equal(r.reconstruction, heldout.reconstruction)
+    with pytest.raises(InputError, match="heldout_correlation_length"):
+        UncertaintyConfig(heldout_correlation_length=-1.0)
 
 
 def test_model_error_is_largest_on_edges(heldout):

@@ -159,6 +159,13 @@ class UncertaintyConfig:
         held-out projections cannot see the model error (few angles, much
         noise). 0 turns it off. Default 0.1 (chosen on the validation split,
         docs/defaults.md).
+    heldout_correlation_length : float
+        Held-out term: the held-out projections are read as sums of pixel
+        errors correlated over this many pixels (a Gaussian of this std,
+        :func:`ctuq.recon.model_error.heldout.correlated_rows`), not of
+        independent ones; the per-pixel variance keeps its form. Default 0
+        (independent pixels; docs/real_scans.md has what larger lengths did
+        on validation scans).
     heldout_iterations : float
         Held-out term: the second fit's iterations as a fraction of the DIP
         fit's (its learning-rate schedule compressed to them). Default 1.0.
@@ -199,6 +206,9 @@ class UncertaintyConfig:
     heldout_prior_width: float = setting(0.1, kind=float, minimum=0, maximum=100.0,
                                          doc="Held-out term: width (log units) of the "
                                              "calibrated prior on the coefficients; 0: none.")
+    heldout_correlation_length: float = setting(
+        0.0, kind=float, minimum=0, maximum=64.0,
+        doc="Held-out term: pixel errors correlated over this many pixels (a Gaussian's std).")
     heldout_iterations: float = setting(1.0, kind=float, greater_than=0, maximum=1.0,
                                         doc="Held-out term: the second fit's iterations, a "
                                             "fraction of the DIP fit's.")
@@ -215,14 +225,16 @@ class UncertaintyConfig:
                  heldout_every: int = 6, heldout_min_out: int = 7,
                  heldout_prior_width: float = 0.1, model_error_file: str | None = None,
                  tables: dict | None = None, heldout_iterations: float = 1.0,
-                 dip_from_heldout: float = 0.0, **given):
+                 dip_from_heldout: float = 0.0,
+                 heldout_correlation_length: float = 0.0, **given):
         for name, value in (("method", method), ("predictive_samples", predictive_samples),
                             ("stored_samples", stored_samples), ("model_error", model_error),
                             ("heldout_every", heldout_every), ("heldout_min_out", heldout_min_out),
                             ("heldout_prior_width", heldout_prior_width),
                             ("model_error_file", model_error_file),
                             ("heldout_iterations", heldout_iterations),
-                            ("dip_from_heldout", dip_from_heldout)):
+                            ("dip_from_heldout", dip_from_heldout),
+                            ("heldout_correlation_length", heldout_correlation_length)):
             object.__setattr__(self, name, value)
         validate(self, prefix="uncertainty")
         object.__setattr__(self, "tables", _build_tables(tables or {}, given))

@@ -20,8 +20,8 @@ from ctuq.recon.model_error.coefficients import (DEFAULTS_DIR, FILE_FORMAT,
                                                  fit_to_truth, model_error_variance,
                                                  shipped_coefficients)
 from ctuq.recon.model_error.edges import edge_mask, edge_strength, neighbour_difference
-from ctuq.recon.model_error.heldout import (HeldoutLikelihood, fit_heldout, heldout_fit,
-                                            heldout_likelihood, heldout_split)
+from ctuq.recon.model_error.heldout import (HeldoutLikelihood, correlated_rows, fit_heldout,
+                                            heldout_fit, heldout_likelihood, heldout_split)
 from ctuq.recon.model_error.terms import (METHODS, MODEL_ERROR_TERMS, ModelErrorOutcome,
                                           ModelErrorTerm, coefficients_for, heldout_prior,
                                           make_model_error)
@@ -31,4 +31,4 @@ __all__ = ["METHODS", "MODEL_ERROR_TERMS", "ModelErrorTerm", "ModelErrorOutcome"
            "model_error_variance", "fit_to_truth", "fit_heldout", "heldout_fit",
            "heldout_likelihood", "HeldoutLikelihood", "heldout_split", "conformal_scale",
            "shipped_coefficients", "edge_mask", "neighbour_difference", "DEFAULTS_DIR",
-           "FILE_FORMAT", "heldout_prior"]
+           "FILE_FORMAT", "heldout_prior", "correlated_rows"]

@@ -16,7 +16,7 @@ from ctuq.recon.model_error.edges import _img, edge_strength
 from ctuq.recon.model_error.names import HELDOUT
 
 __all__ = ["heldout_split", "heldout_fit", "kept_rows", "heldout_step_length",
-           "HeldoutLikelihood", "heldout_likelihood", "fit_heldout"]
+           "HeldoutLikelihood", "heldout_likelihood", "fit_heldout", "correlated_rows"]
 
 
 def heldout_split(n_angles: int, every: int, min_out: int = 0) -> np.ndarray:
@@ -198,6 +198,51 @@ def _projection_rows(op, rows: np.ndarray, batch: int = 256):
     return sp.vstack(parts).tocsr()
 
 
+def correlated_rows(B, shape, length: float, batch: int = 256):
+    """``B G``: each row of ``B`` (an image) convolved with a Gaussian of std ``length`` px.
+
+    ``G`` is the convolution with ``g ∝ exp(−|u|² / (2 length²))`` scaled to
+    ``Σ g² = 1``, so a pixel error ``e = G diag(√w) z`` (``z`` white) has the
+    covariance ``G diag(w) Gᵀ``: errors correlated over about ``length``
+    pixels whose variance at a pixel is ``w`` where ``w`` is locally constant
+    (``(g² ∗ w)`` in general). The projections of such errors have the Gram
+    matrix ``(B G) diag(w) (B G)ᵀ``. Zero padding at the image border.
+
+    Parameters
+    ----------
+    B : scipy.sparse matrix, shape (m, H·W)
+    shape : (int, int)
+        ``(H, W)``.
+    length : float
+        In pixels; 0 (or below 0.1, where the kernel is one pixel) returns ``B``.
+    batch : int, optional
+        Rows convolved at once. Default 256.
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix, shape (m, H·W)
+    """
+    import scipy.sparse as sp
+    import torch.nn.functional as F
+
+    if length < 0.1:
+        return B.tocsr()
+    radius = int(math.ceil(4 * length))
+    u = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    g = torch.exp(-0.5 * (u / length) ** 2)
+    g = (g / g.square().sum().sqrt()).float()  # Σ (g gᵀ)² = (Σ g²)² = 1
+    H, W = shape
+    parts = []
+    for start in range(0, B.shape[0], batch):
+        x = torch.as_tensor(B[start:start + batch].toarray(), dtype=torch.float32)
+        x = F.conv2d(x.reshape(-1, 1, H, W), g.reshape(1, 1, -1, 1), padding=(radius, 0))
+        x = F.conv2d(x, g.reshape(1, 1, 1, -1), padding=(0, radius)).reshape(len(x), -1)
+        dense = x.numpy()
+        dense[np.abs(dense) < 1e-6 * max(float(np.abs(dense).max()), 1e-30)] = 0
+        parts.append(sp.csr_matrix(dense))
+    return sp.vstack(parts).tocsr()
+
+
 @dataclass(frozen=True)
 class HeldoutLikelihood:
     """The Gaussian likelihood of held-out projections as a function of ``(t0, s1)``.
@@ -225,6 +270,9 @@ class HeldoutLikelihood:
         truth, or rebuilt with other features).
     out_mask : ndarray of bool, shape (n_angles,), or None
         The left-out angles (as ``image``, for a rebuild).
+    correlation_length : float
+        The pixel correlation length (px) ``M_const`` and ``M_edge`` were
+        made with (:func:`correlated_rows`; 0: independent pixels).
     """
 
     r: np.ndarray
@@ -236,6 +284,7 @@ class HeldoutLikelihood:
     ray_variance: np.ndarray | None = None
     image: np.ndarray | None = None
     out_mask: np.ndarray | None = None
+    correlation_length: float = 0.0
 
     def _factor(self, v):
         """``(summed nll, Cholesky factor, α = M⁻¹ r)`` at the variances ``v = (t0², s1²)``.
@@ -335,6 +384,7 @@ class HeldoutLikelihood:
 
         (t0, s1), v = search(centre is not None)
         info = {"heldout_angles": int(self.heldout_angles), "measurements": int(m),
+                "correlation_length": float(self.correlation_length),
                 "nll_per_measurement": self._nll_at_variances(v),
                 "nll_without_model_error": self._nll_at_variances([_VAR_MIN, _VAR_MIN])}
         if centre is not None:
@@ -343,11 +393,46 @@ class HeldoutLikelihood:
                         mle={"t0": t0_ml, "s1": s1_ml})
         return ModelErrorCoefficients(t0, s1, HELDOUT, info=info)
 
+    def with_correlation_length(self, op, length: float, *, max_rows: int = 2048,
+                                seed: int = 0) -> "HeldoutLikelihood":
+        """The same residuals read with pixel errors correlated over ``length`` px.
+
+        ``M_const`` and ``M_edge`` are rebuilt from the kept ``image`` and
+        ``out_mask`` (:func:`correlated_rows`); the posterior's ``M_post`` and
+        the noise stay. ``op``, ``max_rows`` and ``seed`` must be those the
+        likelihood was made with (:func:`heldout_likelihood`), so that the
+        same measurements are selected.
+
+        Raises
+        ------
+        InputError
+            If the likelihood has no ``image`` or ``out_mask`` (stored before
+            they were kept), or ``op`` selects other measurements.
+        """
+        import dataclasses
+
+        if self.image is None or self.out_mask is None:
+            raise InputError("this held-out likelihood was stored without its image and "
+                             "left-out angles: it cannot be rebuilt", field="heldout_image")
+        rows, B = _heldout_rows(op, self.out_mask, max_rows, seed)
+        if len(rows) != len(self.r):
+            raise InputError(f"the operator selects {len(rows)} held-out measurements, the "
+                             f"likelihood has {len(self.r)}", field="heldout_r")
+        shape = self.image.shape
+        # the mean posterior variance M_const was made with, in the likelihood's units
+        made = correlated_rows(B, shape, self.correlation_length)
+        mean_vp = float(np.trace(self.M_const) / made.multiply(made).sum())
+        Bc = correlated_rows(B, shape, length)
+        return dataclasses.replace(self, M_const=mean_vp * _gram(Bc, np.ones(B.shape[1])),
+                                   M_edge=_gram(Bc, _edge_feature(self.image)),
+                                   correlation_length=float(length))
+
     def arrays(self) -> dict:
         """The fields as numpy arrays (for ``np.savez``); :meth:`from_arrays` reads them."""
         out = {"r": self.r, "M_post": self.M_post, "M_const": self.M_const,
                "M_edge": self.M_edge, "noise_var": np.float64(self.noise_var),
-               "heldout_angles": np.int64(self.heldout_angles)}
+               "heldout_angles": np.int64(self.heldout_angles),
+               "correlation_length": np.float64(self.correlation_length)}
         for key in ("ray_variance", "image", "out_mask"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -362,12 +447,13 @@ class HeldoutLikelihood:
                                                                   "M_edge")),
                    float(arrays["noise_var"]), int(arrays["heldout_angles"]),
                    optional("ray_variance", np.float64), optional("image", np.float32),
-                   optional("out_mask", bool))
+                   optional("out_mask", bool),
+                   float(arrays["correlation_length"]) if "correlation_length" in arrays else 0.0)
 
 
 def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
-                       max_rows: int = 2048, seed: int = 0,
-                       ray_variance=None) -> HeldoutLikelihood:
+                       max_rows: int = 2048, seed: int = 0, ray_variance=None,
+                       correlation_length: float = 0.0) -> HeldoutLikelihood:
     """The likelihood of the held-out projections given ``(t0, s1)``.
 
     The left-out measurements ``y_out`` of a DIP fit ``x̂_in`` on the other
@@ -398,6 +484,14 @@ def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var:
     ray_variance : Tensor or ndarray, optional
         ``v``, shape (n_angles, n_detector): the measurements' noise is
         ``σ² v`` (count noise model). Default None (``σ²`` for every ray).
+    correlation_length : float, optional
+        The model error's pixels are correlated over this many pixels
+        (:func:`correlated_rows`): its Gram matrices are ``(B G) diag(w) (B
+        G)ᵀ``, while ``w`` stays the per-pixel variance. A DIP fit's error is
+        smooth along an edge, so it adds up along a ray more than
+        independent pixels would; read as independent, the held-out
+        residuals over-state the per-pixel variance. Default 0
+        (independent pixels).
 
     Returns
     -------
@@ -405,35 +499,51 @@ def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var:
     """
     y = torch.as_tensor(y).reshape(op.range_shape)
     out_mask = np.asarray(out_mask, dtype=bool)
-    n_det = op.range_shape[1]
-    rows = (np.flatnonzero(out_mask)[:, None] * n_det + np.arange(n_det)[None]).reshape(-1)
+    rows, B = _heldout_rows(op, out_mask, max_rows, seed)
     with torch.no_grad():
         pred = op.A(torch.as_tensor(x_hat_in, dtype=torch.float32).to(op.device)).reshape(-1)
     r_all = (y.reshape(-1).to(pred) - pred).double().cpu().numpy()
+    vp = _img(posterior_variance).reshape(-1).numpy()
+    Bc = correlated_rows(B, _img(x_hat_in).shape, correlation_length)
+    v_out = None if ray_variance is None else torch.as_tensor(
+        ray_variance).detach().double().cpu().numpy().reshape(-1)[rows]
+    image = _img(x_hat_in).numpy().astype(np.float32)
+    return HeldoutLikelihood(r_all[rows], _gram(B, vp), _gram(Bc, np.full_like(vp, vp.mean())),
+                             _gram(Bc, _edge_feature(x_hat_in)), float(noise_var),
+                             int(out_mask.sum()), v_out, image, out_mask,
+                             float(correlation_length))
+
+
+def _heldout_rows(op, out_mask, max_rows: int, seed: int):
+    """The held-out measurements a likelihood uses (flat indices) and their rows of ``A``.
+
+    Rays that miss the image carry no error and are dropped; beyond
+    ``max_rows`` an even subsample (seeded).
+    """
+    n_det = op.range_shape[1]
+    rows = (np.flatnonzero(out_mask)[:, None] * n_det + np.arange(n_det)[None]).reshape(-1)
     B = _projection_rows(op, rows)
-    keep = np.flatnonzero(B.getnnz(axis=1) > 0)  # rays that miss the image carry no error
+    keep = np.flatnonzero(B.getnnz(axis=1) > 0)
     if len(keep) > max_rows:
         keep = np.sort(np.random.default_rng(seed).choice(keep, max_rows, replace=False))
     if len(keep) < 8:
         raise InputError("too few held-out measurements see the image", field="heldout_every")
-    B = B[keep]
-    vp = _img(posterior_variance).reshape(-1).numpy()
-    e2 = edge_strength(x_hat_in).square().reshape(-1).numpy()
+    return rows[keep], B[keep]
 
-    def gram(w):
-        return np.asarray((B.multiply(w[None]) @ B.T).toarray(), dtype=np.float64)
 
-    v_out = None if ray_variance is None else torch.as_tensor(
-        ray_variance).detach().double().cpu().numpy().reshape(-1)[rows[keep]]
-    image = _img(x_hat_in).numpy().astype(np.float32)
-    return HeldoutLikelihood(r_all[rows[keep]], gram(vp), gram(np.full_like(vp, vp.mean())),
-                             gram(e2), float(noise_var), int(out_mask.sum()), v_out,
-                             image, out_mask)
+def _gram(B, w) -> np.ndarray:
+    """``B diag(w) Bᵀ``, dense float64."""
+    return np.asarray((B.multiply(w[None]) @ B.T).toarray(), dtype=np.float64)
+
+
+def _edge_feature(image) -> np.ndarray:
+    """``e(x̂_in)²``, flat."""
+    return edge_strength(image).square().reshape(-1).numpy()
 
 
 def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
                 max_rows: int = 2048, seed: int = 0, prior: ModelErrorCoefficients | None = None,
-                prior_width: float = 1.0, ray_variance=None,
+                prior_width: float = 1.0, ray_variance=None, correlation_length: float = 0.0,
                 keep: list | None = None) -> ModelErrorCoefficients:
     """Coefficients from the likelihood of held-out projections (the held-out term).
 
@@ -448,6 +558,7 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
     Parameters
     ----------
     op, y, out_mask, x_hat_in, posterior_variance, noise_var, max_rows, seed, ray_variance
+    correlation_length
         As :func:`heldout_likelihood`.
     prior : ModelErrorCoefficients, optional
         Centre of the prior. Default None: maximum likelihood.
@@ -464,7 +575,8 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
         With the held-out term's name as ``method`` and the fit's details in ``info``.
     """
     lik = heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var,
-                             max_rows=max_rows, seed=seed, ray_variance=ray_variance)
+                             max_rows=max_rows, seed=seed, ray_variance=ray_variance,
+                             correlation_length=correlation_length)
     if keep is not None:
         keep.append(lik)
     return lik.fit(prior, prior_width)

@@ -95,7 +95,7 @@ class ModelErrorTerm:
     ----------
     settings : UncertaintyConfig
         Read: ``heldout_every``, ``heldout_min_out``, ``heldout_prior_width``,
-        ``heldout_iterations``, ``model_error_file``.
+        ``heldout_correlation_length``, ``heldout_iterations``, ``model_error_file``.
     preset : str
         Picks the shipped calibration when no file is named.
     shipped : bool
@@ -265,7 +265,8 @@ class HeldoutTerm(ModelErrorTerm):
             x_in = x_in + length * step_in.to(x_in)
         coeffs = fit_heldout(problem.op, problem.y, mask, x_in.cpu(),
                              var_post, noise_var, prior=self.calibration,
-                             prior_width=s.heldout_prior_width, ray_variance=v)
+                             prior_width=s.heldout_prior_width, ray_variance=v,
+                             correlation_length=s.heldout_correlation_length)
         if self.calibration is not None:
             coeffs.info["prior"]["from"] = self.source
         if length is not None:
