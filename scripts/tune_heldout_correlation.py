@@ -2,11 +2,11 @@
 """Choose the held-out term's pixel correlation length on the validation split.
 
 The ``'heldout'`` model error (docs/method.md §8.2) reads the residuals of
-left-out projections as sums of pixel errors. Read as independent pixels, a
-DIP fit's error (smooth along an edge, coherent over a few pixels) adds up
-along a ray more than that, and the coefficients come out larger than the
-error at a pixel (docs/real_scans.md). ``uncertainty.heldout_correlation_length``
-reads them as errors correlated over that many pixels. This script rebuilds the
+left-out projections as sums of pixel errors. Errors correlated along a ray
+add up more than independent ones, so read as independent they would give
+coefficients larger than the error at a pixel;
+``uncertainty.heldout_correlation_length`` reads them as errors correlated over
+that many pixels (what it did on validation scans: docs/real_scans.md). This script rebuilds the
 stored held-out likelihoods of a ``bench_calibration.py --arrays`` run at every
 length and refits them as the pipeline does, so a length costs seconds, not a
 reconstruction.

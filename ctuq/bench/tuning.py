@@ -104,6 +104,22 @@ def _arrays(folder, case_id: str) -> Path:
     return Path(folder) / (case_id.replace("/", "_") + ".npz")
 
 
+def _kept_case(folder, case_id: str):
+    """``(held-out likelihood, truth, x̂, posterior variance)`` a run kept for a case, or
+    None where it kept no arrays; the likelihood is None where the run had no held-out
+    term."""
+    from ctuq.recon.model_error import HeldoutLikelihood
+
+    npz = _arrays(folder, case_id)
+    if not npz.exists():
+        return None
+    a = np.load(npz)
+    lik = HeldoutLikelihood.from_arrays({k[len("heldout_"):]: a[k] for k in a.files
+                                         if k.startswith("heldout_")}) \
+        if "heldout_r" in a.files else None
+    return lik, a["truth"], torch.as_tensor(a["x_hat"]), torch.as_tensor(a["var_post"])
+
+
 def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
                      floor: bool = False) -> dict:
     """Score every width of the held-out fit's prior on stored scans.
@@ -129,21 +145,17 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         ``prior``, ``widths``, ``rule``, ``chosen``, ``summary`` (per
         candidate), ``cases``, ``seconds``.
     """
-    from ctuq.recon.model_error import HeldoutLikelihood, ModelErrorCoefficients
+    from ctuq.recon.model_error import ModelErrorCoefficients
 
     t_start = time.perf_counter()
     prior = ModelErrorCoefficients.load(calibration)
     per_width: dict[str, list] = {}  # candidate -> its scores per image, in order
     per_case = []
     for r in sorted(rows, key=lambda r: r["id"]):
-        npz = _arrays(arrays, r["id"])
-        if not npz.exists():
+        kept = _kept_case(arrays, r["id"])
+        if kept is None:
             continue
-        a = np.load(npz)
-        lik = HeldoutLikelihood.from_arrays({k[len("heldout_"):]: a[k] for k in a.files
-                                             if k.startswith("heldout_")})
-        truth, x_hat, var_post = a["truth"], torch.as_tensor(a["x_hat"]), \
-            torch.as_tensor(a["var_post"])
+        lik, truth, x_hat, var_post = kept
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         mle = lik.fit()
         candidates = {str(w): mle if math.isinf(w) else lik.fit(prior, w, mle=mle)
@@ -272,25 +284,21 @@ def tune_correlation_length(rows: list[dict], arrays, lengths, *, calibration=No
     """
     from ctuq.data.geometry import Geometry
     from ctuq.data.operators import RayTransform
-    from ctuq.recon.model_error import HeldoutLikelihood, ModelErrorCoefficients
+    from ctuq.recon.model_error import ModelErrorCoefficients
 
     t_start = time.perf_counter()
     prior = None if calibration is None else ModelErrorCoefficients.load(calibration)
     per_length: dict[str, list] = {}
     per_case, skipped = [], []
     for r in sorted(rows, key=lambda r: r["id"]):
-        npz = _arrays(arrays, r["id"])
-        a = np.load(npz) if npz.exists() else {}
-        if "heldout_image" not in a:
+        kept = _kept_case(arrays, r["id"])
+        if kept is None or kept[0] is None or kept[0].image is None:
             skipped.append(r["id"])
             continue
-        lik = HeldoutLikelihood.from_arrays({k[len("heldout_"):]: a[k] for k in a.files
-                                             if k.startswith("heldout_")})
+        lik, truth, x_hat, var_post = kept
         # the benchmark's geometry: the scan's nominal one (a realistic scan's hidden centre
         # offset is not applied; center_offset = 'auto' is not a default)
         op = RayTransform(Geometry.parallel(r["size"], r["n_angles"]))
-        truth, x_hat, var_post = a["truth"], torch.as_tensor(a["x_hat"]), \
-            torch.as_tensor(a["var_post"])
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         for length in lengths:
             co = lik.with_correlation_length(op, length).fit(prior, width)

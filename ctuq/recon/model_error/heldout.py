@@ -418,13 +418,11 @@ class HeldoutLikelihood:
         if len(rows) != len(self.r):
             raise InputError(f"the operator selects {len(rows)} held-out measurements, the "
                              f"likelihood has {len(self.r)}", field="heldout_r")
-        shape = self.image.shape
         # the mean posterior variance M_const was made with, in the likelihood's units
-        made = correlated_rows(B, shape, self.correlation_length)
+        made = correlated_rows(B, self.image.shape, self.correlation_length)
         mean_vp = float(np.trace(self.M_const) / made.multiply(made).sum())
-        Bc = correlated_rows(B, shape, length)
-        return dataclasses.replace(self, M_const=mean_vp * _gram(Bc, np.ones(B.shape[1])),
-                                   M_edge=_gram(Bc, _edge_feature(self.image)),
+        M_const, M_edge = _model_error_grams(B, self.image, mean_vp, length)
+        return dataclasses.replace(self, M_const=M_const, M_edge=M_edge,
                                    correlation_length=float(length))
 
     def arrays(self) -> dict:
@@ -487,11 +485,12 @@ def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var:
     correlation_length : float, optional
         The model error's pixels are correlated over this many pixels
         (:func:`correlated_rows`): its Gram matrices are ``(B G) diag(w) (B
-        G)ᵀ``, while ``w`` stays the per-pixel variance. A DIP fit's error is
-        smooth along an edge, so it adds up along a ray more than
-        independent pixels would; read as independent, the held-out
-        residuals over-state the per-pixel variance. Default 0
-        (independent pixels).
+        G)ᵀ``, while ``w`` stays the per-pixel variance. Errors correlated
+        along a ray add up more than independent ones; read as independent,
+        their held-out residuals would over-state the per-pixel variance.
+        Default 0 (independent pixels; on the realistic validation scans a
+        larger length mainly shrank the coefficients toward the prior,
+        docs/real_scans.md).
 
     Returns
     -------
@@ -504,13 +503,12 @@ def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var:
         pred = op.A(torch.as_tensor(x_hat_in, dtype=torch.float32).to(op.device)).reshape(-1)
     r_all = (y.reshape(-1).to(pred) - pred).double().cpu().numpy()
     vp = _img(posterior_variance).reshape(-1).numpy()
-    Bc = correlated_rows(B, _img(x_hat_in).shape, correlation_length)
     v_out = None if ray_variance is None else torch.as_tensor(
         ray_variance).detach().double().cpu().numpy().reshape(-1)[rows]
     image = _img(x_hat_in).numpy().astype(np.float32)
-    return HeldoutLikelihood(r_all[rows], _gram(B, vp), _gram(Bc, np.full_like(vp, vp.mean())),
-                             _gram(Bc, _edge_feature(x_hat_in)), float(noise_var),
-                             int(out_mask.sum()), v_out, image, out_mask,
+    return HeldoutLikelihood(r_all[rows], _gram(B, vp),
+                             *_model_error_grams(B, x_hat_in, vp.mean(), correlation_length),
+                             float(noise_var), int(out_mask.sum()), v_out, image, out_mask,
                              float(correlation_length))
 
 
@@ -534,6 +532,13 @@ def _heldout_rows(op, out_mask, max_rows: int, seed: int):
 def _gram(B, w) -> np.ndarray:
     """``B diag(w) Bᵀ``, dense float64."""
     return np.asarray((B.multiply(w[None]) @ B.T).toarray(), dtype=np.float64)
+
+
+def _model_error_grams(B, image, mean_vp: float, length: float):
+    """``(M_const, M_edge)`` of the held-out rows ``B`` (pixel errors correlated over
+    ``length`` px, :func:`correlated_rows`): the weights ``mean_vp`` and ``e(image)²``."""
+    Bc = correlated_rows(B, _img(image).shape, length)
+    return _gram(Bc, np.full(B.shape[1], mean_vp)), _gram(Bc, _edge_feature(image))
 
 
 def _edge_feature(image) -> np.ndarray:
