@@ -19,7 +19,9 @@ the best worst-image coverage. ``inf`` is the maximum-likelihood fit; the
 rule picks among the widths only. Beside them, for comparison: the
 calibration alone (``calibrated``) and, with ``--floor``, each coefficient
 the larger of its maximum-likelihood value and the calibration's
-(``floor``). docs/defaults.md tells why the third condition is there (the
+(``floor``). With ``--calibration-floor`` each width is also fitted with the
+calibration as a lower bound (``'<width> floor'``, the setting
+``heldout_calibration_floor``), and those are candidates of the rule too. docs/defaults.md tells why the third condition is there (the
 validation images come from the calibration's own families).
 
 Usage::
@@ -47,10 +49,14 @@ def main(argv=None):
     ap.add_argument("--widths", default="0.05,0.1,0.25,0.5,1,2,4,inf")
     ap.add_argument("--floor", action="store_true",
                     help="also the candidate 'floor': max(MLE, calibration) per coefficient")
+    ap.add_argument("--calibration-floor", action="store_true",
+                    help="also each width with the calibration as a lower bound "
+                         "('<width> floor', heldout_calibration_floor), a candidate of the rule")
     args = ap.parse_args(argv)
     rows = list(read_cases(args.partial, "id").values())
     dump_json(tune_prior_width(rows, args.arrays, args.calibration,
-                               [float(w) for w in args.widths.split(",")], floor=args.floor))
+                               [float(w) for w in args.widths.split(",")], floor=args.floor,
+                               calibration_floor=args.calibration_floor))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ctuq.bench import calibration as bench_calibration
 from ctuq.bench import tuning
@@ -122,6 +123,45 @@ def test_correlation_tuning_script_skips_scans_kept_without_their_image(tmp_path
     assert out["skipped"] == ["validation/ellipses/0/16/20/5"] and out["cases"] == []
     assert out["chosen"] is None and out["lengths"] == ["0.0", "1.0"]
     bad = subprocess.run([sys.executable, "scripts/tune_heldout_correlation.py"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert bad.returncode == 2 and "--partial" in bad.stderr
+
+
+def test_variants_study_recovers_a_posterior_scale_and_scores_as_the_library(tmp_path):
+    # held-out residuals drawn with 3x the posterior's projected variance, no model error
+    gen = np.random.default_rng(4)
+    size, m, p_true = 16, 400, 3.0
+    x_hat = ellipses(size, seed=3).astype(np.float64)
+    var_post = gen.uniform(0.5, 1.5, (size, size)) * 1e-4
+    B = gen.uniform(0, 1, (m, size * size)) * (gen.uniform(size=(m, size * size)) < 0.1)
+    M_post = (B * var_post.reshape(-1)) @ B.T
+    e2 = me.edge_strength(x_hat).square().reshape(-1).numpy()
+    noise = 1e-5
+    r = np.linalg.cholesky(p_true * M_post + noise * np.eye(m)) @ gen.standard_normal(m)
+    lik = me.HeldoutLikelihood(r, M_post, (B * var_post.mean()) @ B.T, (B * e2) @ B.T, noise, 3)
+    truth = x_hat + gen.standard_normal(x_hat.shape) * np.sqrt(var_post)
+    np.savez(tmp_path / "validation_ellipses_0_16_20_5.npz", truth=truth, x_hat=x_hat,
+             var_post=var_post, **{f"heldout_{k}": v for k, v in lik.arrays().items()})
+    (tmp_path / "cases.jsonl").write_text(json.dumps(
+        {"id": "validation/ellipses/0/16/20/5", "condition": "c", "family": "ellipses"}) + "\n")
+    cal = me.ModelErrorCoefficients(0.0, 0.05, "calibrated").save(tmp_path / "cal.json")
+    res = subprocess.run([sys.executable, "scripts/study_heldout_variants.py", "--partial",
+                          str(tmp_path / "cases.jsonl"), "--arrays", str(tmp_path),
+                          "--calibration", str(cal), "--taus", "0.5,inf", "--scales", "1"],
+                         cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True, timeout=300)
+    (case,) = json.loads(res.stdout)["cases"]
+    fitted = case["posterior_scale heldout"]
+    assert fitted["p"] == pytest.approx(p_true, rel=0.3)  # the scale the residuals carry
+    assert fitted["t0"] < 0.5 and fitted["s1"] < 0.05
+    # the truth-side grid is the library's total variance at t0 = 0 and the calibrated s1
+    want = tuning.score_total(truth, torch.as_tensor(x_hat), torch.as_tensor(var_post),
+                              me.ModelErrorCoefficients(0.0, 0.05, "heldout"))
+    got = case["posterior_scale 1.0 s1x1.0"]
+    for k in ("coverage_1", "coverage_2", "pixel_log_likelihood", "std_over_rmse"):
+        assert got[k] == pytest.approx(want[k], rel=1e-9), k
+    for tau in ("0.5", "inf"):  # the floor under s1
+        assert case[f"half_normal {tau}"]["s1"] >= 0.05
+    bad = subprocess.run([sys.executable, "scripts/study_heldout_variants.py"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     assert bad.returncode == 2 and "--partial" in bad.stderr
 

@@ -68,11 +68,18 @@ def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
     # and hold the held-out likelihood that the tuning refits: its MLE is the row's
     from ctuq.bench.tuning import tune_prior_width
 
-    tuned = tune_prior_width([row], tmp_path / "arrays", tmp_path / "cal" / f"{preset}.json",
-                             [float("inf")])
+    cal_file = tmp_path / "cal" / f"{preset}.json"
+    tuned = tune_prior_width([row], tmp_path / "arrays", cal_file, [float("inf"), 0.5],
+                             calibration_floor=True)
     (fit,) = tuned["cases"]
     assert fit["inf"]["t0"] == pytest.approx(row["coefficients"]["heldout_mle"]["t0"], abs=1e-6)
     assert fit["inf"]["s1"] == pytest.approx(row["coefficients"]["heldout_mle"]["s1"], abs=1e-6)
+    # the calibration as a lower bound: a candidate of the rule beside the widths
+    assert tuned["candidates"] == ["inf", "0.5", "0.5 floor"]
+    prior = ModelErrorCoefficients.load(cal_file)
+    for k in ("t0", "s1"):
+        got, bound = fit["0.5 floor"][k], getattr(prior, k)
+        assert (got == 0.0) if bound < 1e-3 else (got >= bound)
     # rebuilt on the benchmark's geometry at the run's own correlation length, the same fit
     from ctuq.bench.tuning import tune_correlation_length
 

@@ -169,7 +169,8 @@ def test_heldout_prior_fades_where_the_projections_see_the_model_error():
     estimates = []
     for lik in _heldout_likelihoods(1e-3, 4):
         c = lik.fit(prior, prior_width=1.0)
-        assert c.info["prior"] == {"t0": prior.t0, "s1": prior.s1, "width": 1.0}
+        assert c.info["prior"] == {"t0": prior.t0, "s1": prior.s1, "width": 1.0,
+                                   "floor": False}
         assert c.info["mle"]["t0"] == pytest.approx(lik.fit().t0)
         estimates.append((c.t0, c.s1))
     t0_hat, s1_hat = np.mean(estimates, 0)
@@ -192,6 +193,35 @@ def test_heldout_prior_carries_the_fit_where_the_projections_cannot_see_it():
     for s1 in (0.0, 1e-6):
         free = lik.fit(me.ModelErrorCoefficients(1.5, s1, "calibrated"), prior_width=0.5)
         assert free.s1 == pytest.approx(free.info["mle"]["s1"], rel=0.05, abs=1e-6)
+
+
+def test_calibration_floor_holds_a_negligible_coefficient_at_zero_and_bounds_the_other():
+    # informative held-out data (true t0 = 3, s1 = 0.25); a calibration without t0
+    lik = next(_heldout_likelihoods(1e-3, 1))
+    mle = lik.fit()
+    assert mle.t0 > 1.0  # the data alone put a constant term there
+    high = me.ModelErrorCoefficients(0.0, 3 * HELDOUT_S1, "calibrated")
+    c = lik.fit(high, prior_width=0.1, floor=True)
+    assert c.t0 == 0.0  # held at the calibration's zero, not fitted
+    assert c.s1 == high.s1  # the fit wants less: the calibration is the bound
+    assert c.info["prior"]["floor"] is True
+    assert c.info["mle"] == {"t0": mle.t0, "s1": mle.s1}
+    # a calibration below what the data show: the fit with t0 held at zero, above the bound
+    low = me.ModelErrorCoefficients(0.0, HELDOUT_S1 / 10, "calibrated")
+    c = lik.fit(low, prior_width=20.0, floor=True)
+    assert c.t0 == 0.0 and c.s1 > low.s1
+    # ... at the one-dimensional optimum of s1 (a prior this wide hardly pulls)
+    at = {f: lik.nll(math.log(1e-9), math.log(c.s1 * f)) for f in (0.9, 1.0, 1.1)}
+    assert at[1.0] <= min(at[0.9], at[1.1])
+    # without the floor, the same calibration leaves t0 free
+    assert lik.fit(low, prior_width=20.0).t0 > 1.0
+    # both coefficients calibrated: each the larger of its fit and the calibration
+    both = me.ModelErrorCoefficients(10 * HELDOUT_T0, HELDOUT_S1 / 10, "calibrated")
+    c = lik.fit(both, prior_width=20.0, floor=True)
+    plain = lik.fit(both, prior_width=20.0)
+    assert c.t0 == both.t0 and c.s1 == pytest.approx(max(plain.s1, both.s1))
+    # no calibration, no bound: the maximum likelihood
+    assert (lik.fit(None, floor=True).t0, lik.fit(None, floor=True).s1) == (mle.t0, mle.s1)
 
 
 def test_heldout_likelihood_round_trips_through_its_arrays(tmp_path):

@@ -139,18 +139,29 @@ def test_heldout_prior_comes_from_the_named_file_or_the_shipped_one(tmp_path, mo
 def test_heldout_with_a_calibration_records_its_prior_and_the_likelihood_optimum(scan, tmp_path):
     path = ModelErrorCoefficients(2.0, 0.3, "calibrated").save(tmp_path / "c.json")
     r = ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4,
-                                       model_error_file=str(path), heldout_prior_width=0.5))
+                                       model_error_file=str(path), heldout_prior_width=0.5,
+                                       heldout_calibration_floor=True))
     info = r.config["model_error"]["info"]
-    assert info["prior"] == {"t0": 2.0, "s1": 0.3, "width": 0.5, "from": str(path)}
+    assert info["prior"] == {"t0": 2.0, "s1": 0.3, "width": 0.5, "floor": True,
+                             "from": str(path)}
     assert set(info["mle"]) == {"t0", "s1"}
     var_post = r.posterior_std.astype(np.float64) ** 2
     me = r.config["model_error"]
+    assert me["t0"] >= 2.0 and me["s1"] >= 0.3  # the calibration is the lower bound
     want = me["t0"] ** 2 * var_post.mean() + me["s1"] ** 2 * edge_strength(
         r.reconstruction).numpy() ** 2
     np.testing.assert_allclose(r.model_error_std.astype(np.float64) ** 2, want, rtol=1e-3,
                                atol=1e-10)
     back = ctuq.data.io.read_result(r.save(tmp_path / "r.ctuq.h5"))
     assert back.config["model_error"]["info"]["prior"] == info["prior"]
+    assert back.config["uncertainty"]["heldout_calibration_floor"] is True
+    free = ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4,
+                                          model_error_file=str(path), heldout_prior_width=0.5))
+    assert free.config["model_error"]["info"]["prior"]["floor"] is False  # the default
+    # the same likelihood and search (both coefficients calibrated): the bound alone differs
+    mf = free.config["model_error"]
+    assert (me["t0"], me["s1"]) == pytest.approx((max(mf["t0"], 2.0), max(mf["s1"], 0.3)),
+                                                 rel=1e-6)
 
 
 @pytest.mark.parametrize("method", ["heldout", "calibrated"])

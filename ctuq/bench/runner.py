@@ -81,7 +81,7 @@ def read_cases(path, key="id") -> dict:
                 if line.strip():
                     c = json.loads(line)
                     done[key(c) if callable(key) else c[key]] = c
-        log.info("resuming: %d finished cases read from %s", len(done), path)
+        log.info("%d finished cases read from %s", len(done), path)
     return done
 
 

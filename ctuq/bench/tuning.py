@@ -121,7 +121,7 @@ def _kept_case(folder, case_id: str):
 
 
 def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
-                     floor: bool = False) -> dict:
+                     floor: bool = False, calibration_floor: bool = False) -> dict:
     """Score every width of the held-out fit's prior on stored scans.
 
     Parameters
@@ -138,6 +138,11 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
     floor : bool
         Also ``'floor'``: each coefficient the larger of the MLE and the
         calibration.
+    calibration_floor : bool
+        Also each width with the calibration as a lower bound
+        (``'<width> floor'``: ``heldout_calibration_floor``,
+        :meth:`~ctuq.recon.model_error.HeldoutLikelihood.fit`); these are
+        candidates of the rule beside the widths.
 
     Returns
     -------
@@ -160,6 +165,9 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         mle = lik.fit()
         candidates = {str(w): mle if math.isinf(w) else lik.fit(prior, w, mle=mle)
                       for w in widths}
+        if calibration_floor:
+            candidates.update({f"{w} floor": lik.fit(prior, w, mle=mle, floor=True)
+                               for w in widths if not math.isinf(w)})
         candidates["calibrated"] = prior  # the calibration alone, no held-out fit
         if floor:  # the calibration as a floor under the MLE
             candidates["floor"] = ModelErrorCoefficients(max(mle.t0, prior.t0),
@@ -170,12 +178,15 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
             row[name] = {"t0": co.t0, "s1": co.s1, **s}
         per_case.append(row)
     summary = {w: summarise(rs) for w, rs in per_width.items() if rs}
-    chosen, rule = choose_width({w: summary[w] for w in map(str, widths) if w in summary})
+    ruled = [str(w) for w in widths] + [f"{w} floor" for w in widths
+                                        if calibration_floor and not math.isinf(w)]
+    chosen, rule = choose_width({w: summary[w] for w in ruled if w in summary})
     return {"split": "validation", "calibration": str(calibration),
             "prior": {"t0": prior.t0, "s1": prior.s1, "info": {
                 k: prior.info.get(k) for k in ("preset", "split", "n_images", "angles",
                                                "noise_levels")}},
-            "widths": [str(w) for w in widths], "rule": rule, "chosen": chosen,
+            "widths": [str(w) for w in widths], "candidates": ruled, "rule": rule,
+            "chosen": chosen,
             "summary": summary, "cases": per_case, "seconds": time.perf_counter() - t_start}
 
 

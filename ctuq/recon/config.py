@@ -159,6 +159,15 @@ class UncertaintyConfig:
         held-out projections cannot see the model error (few angles, much
         noise). 0 turns it off. Default 0.1 (chosen on the validation split,
         docs/defaults.md).
+    heldout_calibration_floor : bool
+        Held-out term, with a calibration: it is also a lower bound. A
+        coefficient the calibration found negligible stays zero (not fitted:
+        held-out projections read the data's excess over the noise model as
+        a constant pixel error); each other is at least the calibration's.
+        The held-out fit may widen the calibrated interval, never narrow it.
+        Default False (better on both validation sets, but a zero ``t0``
+        cannot widen flat regions on objects unlike the calibration's,
+        which validation cannot show: docs/defaults.md).
     heldout_correlation_length : float
         Held-out term: the held-out projections are read as sums of pixel
         errors correlated over this many pixels (a Gaussian of this std,
@@ -206,6 +215,10 @@ class UncertaintyConfig:
     heldout_prior_width: float = setting(0.1, kind=float, minimum=0, maximum=100.0,
                                          doc="Held-out term: width (log units) of the "
                                              "calibrated prior on the coefficients; 0: none.")
+    heldout_calibration_floor: bool = setting(
+        False, kind=bool,
+        doc="Held-out term: the calibration is a lower bound (a negligible coefficient "
+            "stays zero).")
     heldout_correlation_length: float = setting(
         0.0, kind=float, minimum=0, maximum=64.0,
         doc="Held-out term: pixel errors correlated over this many pixels (a Gaussian's std).")
@@ -226,7 +239,8 @@ class UncertaintyConfig:
                  heldout_prior_width: float = 0.1, model_error_file: str | None = None,
                  tables: dict | None = None, heldout_iterations: float = 1.0,
                  dip_from_heldout: float = 0.0,
-                 heldout_correlation_length: float = 0.0, **given):
+                 heldout_correlation_length: float = 0.0,
+                 heldout_calibration_floor: bool = False, **given):
         for name, value in (("method", method), ("predictive_samples", predictive_samples),
                             ("stored_samples", stored_samples), ("model_error", model_error),
                             ("heldout_every", heldout_every), ("heldout_min_out", heldout_min_out),
@@ -234,7 +248,8 @@ class UncertaintyConfig:
                             ("model_error_file", model_error_file),
                             ("heldout_iterations", heldout_iterations),
                             ("dip_from_heldout", dip_from_heldout),
-                            ("heldout_correlation_length", heldout_correlation_length)):
+                            ("heldout_correlation_length", heldout_correlation_length),
+                            ("heldout_calibration_floor", heldout_calibration_floor)):
             object.__setattr__(self, name, value)
         validate(self, prefix="uncertainty")
         object.__setattr__(self, "tables", _build_tables(tables or {}, given))

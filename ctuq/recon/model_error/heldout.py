@@ -329,7 +329,8 @@ class HeldoutLikelihood:
         return total, grad
 
     def fit(self, prior: "ModelErrorCoefficients | None" = None, prior_width: float = 1.0, *,
-            mle: "ModelErrorCoefficients | None" = None) -> "ModelErrorCoefficients":
+            mle: "ModelErrorCoefficients | None" = None,
+            floor: bool = False) -> "ModelErrorCoefficients":
         """Maximum likelihood, or maximum a posteriori under a log-normal prior.
 
         Parameters
@@ -346,6 +347,14 @@ class HeldoutLikelihood:
         mle : ModelErrorCoefficients, optional
             This likelihood's maximum-likelihood fit, when already made (it
             is reported beside the prior's).
+        floor : bool, optional
+            With ``prior``: the calibration is also a lower bound. A
+            coefficient the calibration found negligible stays zero (not
+            fitted); each other is the larger of its maximum a posteriori
+            and the calibration's. The held-out projections may then widen
+            the calibrated interval where they see more error, never narrow
+            it (docs/defaults.md: a free ``t0`` takes up the data's excess
+            over the noise model, not the image's error). Default False.
 
         Returns
         -------
@@ -374,22 +383,31 @@ class HeldoutLikelihood:
                         grad[k] += z / prior_width * 0.5 / v[k]
             return total, grad
 
-        def search(with_prior: bool):
+        # with the floor, a coefficient the calibration found negligible is held at zero
+        held = [floor and centre is not None and c is None for c in (centre or [None, None])]
+
+        def search(with_prior: bool, held=(False, False)):
             # exact gradients (a Cholesky and its inverse per evaluation): L-BFGS-B needs
             # ~20 evaluations where a derivative-free search needed ~200
             best = minimize(objective, np.exp(2 * np.array(_INIT)), args=(with_prior,),
-                            jac=True, method="L-BFGS-B", bounds=[(_VAR_MIN, 1e8)] * 2,
+                            jac=True, method="L-BFGS-B",
+                            bounds=[(_VAR_MIN, _VAR_MIN if h else 1e8) for h in held],
                             options={"ftol": 1e-13, "gtol": 1e-8, "maxiter": 500})
             return [float(math.sqrt(v)) if v > _VAR_MIN else 0.0 for v in best.x], best.x
 
-        (t0, s1), v = search(centre is not None)
+        (t0, s1), v = search(centre is not None, held)
+        if floor and centre is not None:  # the calibration as a lower bound
+            t0, s1 = (c if h else max(c, p)
+                      for c, p, h in zip((t0, s1), (prior.t0, prior.s1), held))
+            v = [max(c * c, _VAR_MIN) for c in (t0, s1)]
         info = {"heldout_angles": int(self.heldout_angles), "measurements": int(m),
                 "correlation_length": float(self.correlation_length),
                 "nll_per_measurement": self._nll_at_variances(v),
                 "nll_without_model_error": self._nll_at_variances([_VAR_MIN, _VAR_MIN])}
         if centre is not None:
             t0_ml, s1_ml = search(False)[0] if mle is None else (mle.t0, mle.s1)
-            info.update(prior={"t0": prior.t0, "s1": prior.s1, "width": float(prior_width)},
+            info.update(prior={"t0": prior.t0, "s1": prior.s1, "width": float(prior_width),
+                               "floor": bool(floor)},
                         mle={"t0": t0_ml, "s1": s1_ml})
         return ModelErrorCoefficients(t0, s1, HELDOUT, info=info)
 
@@ -549,7 +567,7 @@ def _edge_feature(image) -> np.ndarray:
 def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
                 max_rows: int = 2048, seed: int = 0, prior: ModelErrorCoefficients | None = None,
                 prior_width: float = 1.0, ray_variance=None, correlation_length: float = 0.0,
-                keep: list | None = None) -> ModelErrorCoefficients:
+                keep: list | None = None, floor: bool = False) -> ModelErrorCoefficients:
     """Coefficients from the likelihood of held-out projections (the held-out term).
 
     :func:`heldout_likelihood` followed by :meth:`HeldoutLikelihood.fit`:
@@ -569,6 +587,9 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
         Centre of the prior. Default None: maximum likelihood.
     prior_width : float, optional
         Natural-log standard deviation of the prior. Default 1.0.
+    floor : bool, optional
+        With ``prior``, the calibration is also a lower bound
+        (:meth:`HeldoutLikelihood.fit`). Default False.
     keep : list, optional
         The :class:`HeldoutLikelihood` is appended to it, so that the very
         likelihood a run judged its image with can be refitted later (tuning
@@ -584,5 +605,5 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
                              correlation_length=correlation_length)
     if keep is not None:
         keep.append(lik)
-    return lik.fit(prior, prior_width)
+    return lik.fit(prior, prior_width, floor=floor)
 

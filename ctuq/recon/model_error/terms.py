@@ -95,7 +95,8 @@ class ModelErrorTerm:
     ----------
     settings : UncertaintyConfig
         Read: ``heldout_every``, ``heldout_min_out``, ``heldout_prior_width``,
-        ``heldout_correlation_length``, ``heldout_iterations``, ``model_error_file``.
+        ``heldout_calibration_floor``, ``heldout_correlation_length``,
+        ``heldout_iterations``, ``model_error_file``.
     preset : str
         Picks the shipped calibration when no file is named.
     shipped : bool
@@ -210,7 +211,8 @@ class NoModelError(ModelErrorTerm):
 class HeldoutTerm(ModelErrorTerm):
     """Per scan, from the projections of a second fit that left them out
     (:mod:`ctuq.recon.model_error.heldout`), with a log-normal prior around
-    the calibration (:func:`heldout_prior`)."""
+    the calibration (:func:`heldout_prior`) and, with
+    ``heldout_calibration_floor``, the calibration as a lower bound."""
 
     name = HELDOUT
     #: ``(mask, held-out fit)`` when :meth:`fit_first` made the fit, else None.
@@ -266,7 +268,8 @@ class HeldoutTerm(ModelErrorTerm):
         coeffs = fit_heldout(problem.op, problem.y, mask, x_in.cpu(),
                              var_post, noise_var, prior=self.calibration,
                              prior_width=s.heldout_prior_width, ray_variance=v,
-                             correlation_length=s.heldout_correlation_length)
+                             correlation_length=s.heldout_correlation_length,
+                             floor=s.heldout_calibration_floor)
         if self.calibration is not None:
             coeffs.info["prior"]["from"] = self.source
         if length is not None:
