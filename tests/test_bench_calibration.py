@@ -65,6 +65,15 @@ def test_cases_from_a_document_or_a_partial_file(tmp_path):
         assert spec == {k: v for k, v in row.items() if k != "methods"}
 
 
+def _store_case(folder, lik, truth, x_hat, var_post, **row):
+    """A kept case as ``bench_calibration.py --arrays`` leaves it: its arrays and its row."""
+    np.savez(folder / "validation_ellipses_0_16_20_5.npz", truth=truth, x_hat=x_hat,
+             var_post=var_post, **{f"heldout_{k}": v for k, v in lik.arrays().items()})
+    (folder / "cases.jsonl").write_text(json.dumps(
+        {"id": "validation/ellipses/0/16/20/5", "condition": "c", "family": "ellipses",
+         **row}) + "\n")
+
+
 def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
     # a stored case whose held-out projections see nothing (tiny r, huge noise):
     # the maximum-likelihood fit drops the model error, a prior keeps it
@@ -77,10 +86,7 @@ def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
     e2 = me.edge_strength(x_hat).square().reshape(-1).numpy()
     lik = me.HeldoutLikelihood(gen.standard_normal(m) * 1e-3, (B * 1e-4) @ B.T,
                                (B * 1e-4) @ B.T, (B * e2) @ B.T, 1e4, 3)
-    np.savez(tmp_path / "validation_ellipses_0_16_20_5.npz", truth=truth, x_hat=x_hat,
-             var_post=var_post, **{f"heldout_{k}": v for k, v in lik.arrays().items()})
-    (tmp_path / "cases.jsonl").write_text(json.dumps(
-        {"id": "validation/ellipses/0/16/20/5", "condition": "c", "family": "ellipses"}) + "\n")
+    _store_case(tmp_path, lik, truth, x_hat, var_post)
     cal = me.ModelErrorCoefficients(30.0, 0.05, "calibrated").save(tmp_path / "cal.json")
     res = subprocess.run([sys.executable, "scripts/tune_heldout_prior.py", "--partial",
                           str(tmp_path / "cases.jsonl"), "--arrays", str(tmp_path),
@@ -109,12 +115,8 @@ def test_correlation_tuning_script_skips_scans_kept_without_their_image(tmp_path
     x_hat = ellipses(size, seed=3).astype(np.float64)
     B = gen.uniform(0, 1, (m, size * size))
     lik = me.HeldoutLikelihood(gen.standard_normal(m), B @ B.T, B @ B.T, B @ B.T, 1.0, 3)
-    np.savez(tmp_path / "validation_ellipses_0_16_20_5.npz", truth=x_hat, x_hat=x_hat,
-             var_post=np.full((size, size), 1e-4),
-             **{f"heldout_{k}": v for k, v in lik.arrays().items()})
-    (tmp_path / "cases.jsonl").write_text(json.dumps(
-        {"id": "validation/ellipses/0/16/20/5", "condition": "c", "family": "ellipses",
-         "size": size, "n_angles": 20}) + "\n")
+    _store_case(tmp_path, lik, x_hat, x_hat, np.full((size, size), 1e-4), size=size,
+                n_angles=20)
     res = subprocess.run([sys.executable, "scripts/tune_heldout_correlation.py", "--partial",
                           str(tmp_path / "cases.jsonl"), "--arrays", str(tmp_path),
                           "--lengths", "0,1"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
@@ -140,10 +142,7 @@ def test_variants_study_recovers_a_posterior_scale_and_scores_as_the_library(tmp
     r = np.linalg.cholesky(p_true * M_post + noise * np.eye(m)) @ gen.standard_normal(m)
     lik = me.HeldoutLikelihood(r, M_post, (B * var_post.mean()) @ B.T, (B * e2) @ B.T, noise, 3)
     truth = x_hat + gen.standard_normal(x_hat.shape) * np.sqrt(var_post)
-    np.savez(tmp_path / "validation_ellipses_0_16_20_5.npz", truth=truth, x_hat=x_hat,
-             var_post=var_post, **{f"heldout_{k}": v for k, v in lik.arrays().items()})
-    (tmp_path / "cases.jsonl").write_text(json.dumps(
-        {"id": "validation/ellipses/0/16/20/5", "condition": "c", "family": "ellipses"}) + "\n")
+    _store_case(tmp_path, lik, truth, x_hat, var_post)
     cal = me.ModelErrorCoefficients(0.0, 0.05, "calibrated").save(tmp_path / "cal.json")
     res = subprocess.run([sys.executable, "scripts/study_heldout_variants.py", "--partial",
                           str(tmp_path / "cases.jsonl"), "--arrays", str(tmp_path),
