@@ -165,9 +165,9 @@ class UncertaintyConfig:
         held-out projections read the data's excess over the noise model as
         a constant pixel error); each other is at least the calibration's.
         The held-out fit may widen the calibrated interval, never narrow it.
-        Default False (better on both validation sets, but a zero ``t0``
-        cannot widen flat regions on objects unlike the calibration's,
-        which validation cannot show: docs/defaults.md).
+        Default False (better on realistic validation scans, worse on
+        the worst standard-condition one, whose held-out ``t0`` was real:
+        docs/defaults.md).
     heldout_correlation_length : float
         Held-out term: the held-out projections are read as sums of pixel
         errors correlated over this many pixels (a Gaussian of this std,
