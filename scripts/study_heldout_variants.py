@@ -33,12 +33,10 @@ import torch
 from scipy.optimize import minimize
 
 from ctuq.bench.runner import dump_json, read_cases
-from ctuq.bench.scores import score
-from ctuq.bench.tuning import _kept_case, score_total, summarise
+from ctuq.bench.tuning import _kept_case, score_total, score_variance, summarise
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
+from ctuq.recon.model_error.coefficients import _VAR_MIN
 from ctuq.recon.model_error.names import HELDOUT
-
-_VAR_MIN = 1e-16
 
 
 def _half_normal_fit(lik, calibration, tau: float, width: float) -> ModelErrorCoefficients:
@@ -89,13 +87,6 @@ def _posterior_scale_fit(lik) -> tuple[float, float, float]:
     return float(p), math.sqrt(v0), math.sqrt(v1)
 
 
-def _scores(truth, x_hat, variance) -> dict:
-    s = score(truth, x_hat, variance.sqrt())
-    return {k: s[k] for k in ("coverage_1", "coverage_2", "coverage_2_edges",
-                              "pixel_log_likelihood", "spearman")} | {
-        "std_over_rmse": s["mean_std"] / s["rmse"]}
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--partial", required=True, help="the bench_calibration --partial file")
@@ -126,13 +117,15 @@ def main(argv=None):
         p, t0, s1 = _posterior_scale_fit(lik)
         e2 = edge_strength(x_hat).double().square()
         mean_var = var_post.double().mean()  # s0² = t0² · rms(std_post)²
-        s = _scores(truth, x_hat, p * var_post.double() + t0 ** 2 * mean_var + s1 ** 2 * e2)
+        s = score_variance(truth, x_hat,
+                           p * var_post.double() + t0 ** 2 * mean_var + s1 ** 2 * e2)
         per.setdefault("posterior_scale heldout", []).append(s)
         row["posterior_scale heldout"] = {"p": p, "t0": t0, "s1": s1, **s}
         for q in scales:
             for f in (1.0, 1.25, 1.5):
                 name = f"posterior_scale {q} s1x{f}"
-                s = _scores(truth, x_hat, q * var_post.double() + (f * cal.s1) ** 2 * e2)
+                s = score_variance(truth, x_hat,
+                                   q * var_post.double() + (f * cal.s1) ** 2 * e2)
                 per.setdefault(name, []).append(s)
                 row[name] = s
         cases.append(row)

@@ -31,8 +31,8 @@ from ctuq.recon.model_error.names import HELDOUT
 
 log = logging.getLogger("ctuq.bench.tuning")
 
-__all__ = ["KEYS", "LL_SLACK", "score_total", "summarise", "choose_width", "choose_split",
-           "tune_prior_width", "tune_split", "choose_correlation_length",
+__all__ = ["KEYS", "LL_SLACK", "score_total", "score_variance", "summarise", "choose_width",
+           "choose_split", "tune_prior_width", "tune_split", "choose_correlation_length",
            "tune_correlation_length"]
 
 #: The scores a tuning rule looks at, and ±1σ beside them: a wider interval never passes
@@ -51,7 +51,12 @@ def score_total(truth, x_hat, var_post, co) -> dict:
     """
     from ctuq.bench.calibration import total_variance
 
-    s = score(truth, x_hat, total_variance(HELDOUT, x_hat, var_post, co).sqrt())
+    return score_variance(truth, x_hat, total_variance(HELDOUT, x_hat, var_post, co))
+
+
+def score_variance(truth, x_hat, variance) -> dict:
+    """The :data:`KEYS` scores and ``std_over_rmse`` of a total variance map ``(H, W)``."""
+    s = score(truth, x_hat, torch.as_tensor(variance).sqrt())
     return {**{k: s[k] for k in KEYS}, "std_over_rmse": s["mean_std"] / s["rmse"]}
 
 
