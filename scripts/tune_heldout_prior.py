@@ -21,8 +21,12 @@ calibration alone (``calibrated``) and, with ``--floor``, each coefficient
 the larger of its maximum-likelihood value and the calibration's
 (``floor``). With ``--calibration-floor`` each width is also fitted with the
 calibration as a lower bound (``'<width> floor'``, the setting
-``heldout_calibration_floor``), and those are candidates of the rule too. docs/defaults.md tells why the third condition is there (the
-validation images come from the calibration's own families).
+``heldout_calibration_floor = 'on'``), and with ``--excess-thresholds T,…``
+floored only where the image leaves more than ``T`` of mean squared whitened
+residual per ray (``'<width> auto <T>'``; ``'auto'`` is ``T = 1``; the excess
+is the row's record, or measured on the scan simulated again); all are
+candidates of the rule too. docs/defaults.md tells why the third condition is
+there (the validation images come from the calibration's own families).
 
 Usage::
 
@@ -52,11 +56,16 @@ def main(argv=None):
     ap.add_argument("--calibration-floor", action="store_true",
                     help="also each width with the calibration as a lower bound "
                          "('<width> floor', heldout_calibration_floor), a candidate of the rule")
+    ap.add_argument("--excess-thresholds", default="",
+                    help="comma-separated T: also each width floored where the fit's excess "
+                         "is above T ('<width> auto <T>'), a candidate of the rule")
     args = ap.parse_args(argv)
     rows = list(read_cases(args.partial, "id").values())
     dump_json(tune_prior_width(rows, args.arrays, args.calibration,
                                [float(w) for w in args.widths.split(",")], floor=args.floor,
-                               calibration_floor=args.calibration_floor))
+                               calibration_floor=args.calibration_floor,
+                               excess_thresholds=[float(t) for t in
+                                                  args.excess_thresholds.split(",") if t]))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ file path instead: written as a sinogram file, reconstructed by
 same function. Every score of every method derived from the result must agree.
 """
 
+import numpy as np
 import pytest
 
 import ctuq
@@ -20,10 +21,11 @@ from ctuq.recon.model_error import ModelErrorCoefficients
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _quick_case(tmp_path, family: str, **run_settings):
+def _quick_case(tmp_path, family: str, prior: bool = False, **run_settings):
     """A 28² test case run quickly with arrays kept: ``(case, preset, calibration, run, row)``.
 
-    ctuq ships no calibration for the 28² preset: a made-up one, for calibrated/conformal.
+    ctuq ships no calibration for the 28² preset: a made-up one, for calibrated/conformal
+    and, with ``prior``, as the held-out fit's prior too (``model_error_file``).
     """
     case = next(c for c in calibration_cases("test", [28], 1) if c["family"] == family)
     config = cal.reconstruction_config(case, cal.CalibrationRun())
@@ -34,13 +36,16 @@ def _quick_case(tmp_path, family: str, **run_settings):
     run = cal.CalibrationRun(quick=True, quick_iterations=40, predcp_variants=(False,),
                              calibration=str(tmp_path / "cal"), mc_dropout=False,
                              arrays=str(tmp_path / "arrays"),
-                             uncertainty={"n_samples": 2, "predictive_samples": 16},
+                             uncertainty={"n_samples": 2, "predictive_samples": 16,
+                                          **({"model_error_file": str(
+                                              tmp_path / "cal" / f"{preset}.json")}
+                                             if prior else {})},
                              **run_settings)
     return case, preset, calibration, run, cal.run_case(case, run)
 
 
 def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
-    case, preset, calibration, run, row = _quick_case(tmp_path, "digits")
+    case, preset, calibration, run, row = _quick_case(tmp_path, "digits", prior=True)
 
     scan = simulate(case)
     write_sinogram_npz(tmp_path / "scan.npz", sinogram(scan, with_truth=False))
@@ -70,12 +75,24 @@ def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
 
     cal_file = tmp_path / "cal" / f"{preset}.json"
     tuned = tune_prior_width([row], tmp_path / "arrays", cal_file, [float("inf"), 0.5],
-                             calibration_floor=True)
+                             calibration_floor=True, excess_thresholds=[0.0, 1e9])
     (fit,) = tuned["cases"]
     assert fit["inf"]["t0"] == pytest.approx(row["coefficients"]["heldout_mle"]["t0"], abs=1e-6)
     assert fit["inf"]["s1"] == pytest.approx(row["coefficients"]["heldout_mle"]["s1"], abs=1e-6)
     # the calibration as a lower bound: a candidate of the rule beside the widths
-    assert tuned["candidates"] == ["inf", "0.5", "0.5 floor"]
+    assert tuned["candidates"] == ["inf", "0.5", "0.5 floor", "0.5 auto 0", "0.5 auto 1e+09"]
+    # the run's recorded excess is the one measured again on the scan simulated anew
+    from ctuq.bench.tuning import row_fit_excess
+
+    recorded = row["coefficients"]["heldout"]["fit_excess"]
+    bare = {**row, "coefficients": {"heldout": {"t0": 0.0, "s1": 0.0}}}
+    x_hat = np.load(next((tmp_path / "arrays").glob("*.npz")))["x_hat"]
+    assert fit["fit_excess"] == recorded
+    assert row_fit_excess(bare, x_hat) == pytest.approx(recorded, rel=1e-4)
+    # floored above the threshold, free below it
+    for k in ("t0", "s1"):
+        assert fit["0.5 auto 0"][k] == fit["0.5 floor"][k]
+        assert fit["0.5 auto 1e+09"][k] == fit["0.5"][k]
     prior = ModelErrorCoefficients.load(cal_file)
     for k in ("t0", "s1"):
         got, bound = fit["0.5 floor"][k], getattr(prior, k)

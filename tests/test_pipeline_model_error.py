@@ -11,6 +11,7 @@ import ctuq
 from ctuq.errors import InputError
 from ctuq.recon.config import UncertaintyConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
+from ctuq.recon.model_error.terms import FLOOR_EXCESS, floor_applies
 
 from conftest import digit_sinogram
 
@@ -143,7 +144,7 @@ def test_heldout_with_a_calibration_records_its_prior_and_the_likelihood_optimum
                                        heldout_calibration_floor=True))
     info = r.config["model_error"]["info"]
     assert info["prior"] == {"t0": 2.0, "s1": 0.3, "width": 0.5, "floor": True,
-                             "from": str(path)}
+                             "from": str(path), "floor_rule": "on", "fit_excess": None}
     assert set(info["mle"]) == {"t0", "s1"}
     var_post = r.posterior_std.astype(np.float64) ** 2
     me = r.config["model_error"]
@@ -154,14 +155,48 @@ def test_heldout_with_a_calibration_records_its_prior_and_the_likelihood_optimum
                                atol=1e-10)
     back = ctuq.data.io.read_result(r.save(tmp_path / "r.ctuq.h5"))
     assert back.config["model_error"]["info"]["prior"] == info["prior"]
-    assert back.config["uncertainty"]["heldout_calibration_floor"] is True
+    assert back.config["uncertainty"]["heldout_calibration_floor"] == "on"  # True read as on
     free = ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4,
-                                          model_error_file=str(path), heldout_prior_width=0.5))
-    assert free.config["model_error"]["info"]["prior"]["floor"] is False  # the default
+                                          model_error_file=str(path), heldout_prior_width=0.5,
+                                          heldout_calibration_floor="off"))
+    assert free.config["model_error"]["info"]["prior"]["floor"] is False
     # the same likelihood and search (both coefficients calibrated): the bound alone differs
     mf = free.config["model_error"]
     assert (me["t0"], me["s1"]) == pytest.approx((max(mf["t0"], 2.0), max(mf["s1"], 0.3)),
                                                  rel=1e-6)
+
+
+def test_auto_floor_reads_the_fits_excess_the_consistency_stage_also_measures(scan, tmp_path):
+    """``'auto'`` (the default) floors exactly when the image leaves more than the noise
+    in the data; its excess is the consistency stage's χ² with every ray a degree of
+    freedom (two computations of one number), and the floor then bounds the free fit."""
+    path = ModelErrorCoefficients(2.0, 0.3, "calibrated").save(tmp_path / "c.json")
+    runs = {}
+    for rule in ("auto", "off", "on"):
+        runs[rule] = ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4,
+                                                    model_error_file=str(path),
+                                                    heldout_prior_width=0.5,
+                                                    heldout_calibration_floor=rule))
+    r = runs["auto"]
+    prior = r.config["model_error"]["info"]["prior"]
+    d = r.diagnostics
+    m = np.asarray(scan.data).size
+    assert prior["floor_rule"] == "auto"
+    assert prior["fit_excess"] == pytest.approx(d["chi2_dof"] * d["dof"] / m, rel=1e-5)
+    assert prior["floor"] is (prior["fit_excess"] > FLOOR_EXCESS)
+    want = runs["on" if prior["floor"] else "off"].config["model_error"]
+    assert (r.config["model_error"]["t0"], r.config["model_error"]["s1"]) == pytest.approx(
+        (want["t0"], want["s1"]), rel=1e-6)
+
+
+def test_floor_rule_choices_and_their_decisions():
+    assert UncertaintyConfig().heldout_calibration_floor == "auto"
+    assert UncertaintyConfig(heldout_calibration_floor=False).heldout_calibration_floor == "off"
+    with pytest.raises(InputError, match="heldout_calibration_floor"):
+        UncertaintyConfig(heldout_calibration_floor="sometimes")
+    assert floor_applies("auto", FLOOR_EXCESS * 1.01) and not floor_applies("auto", 0.9)
+    assert not floor_applies("auto", None)  # no calibration: nothing measured, no floor
+    assert floor_applies("on", 0.5) and not floor_applies("off", 50.0)
 
 
 @pytest.mark.parametrize("method", ["heldout", "calibrated"])

@@ -197,7 +197,8 @@ def result_methods(result, truth, calibration=None, suffix: str = "") -> dict:
     -------
     dict
         ``methods`` (name → :func:`ctuq.bench.scores.score` dict),
-        ``coefficients`` (name → ``{'t0', 's1'}``) and ``times_s`` (name →
+        ``coefficients`` (name → ``{'t0', 's1'}``; the held-out fit's also
+        ``floor`` and ``fit_excess`` when it had a calibration) and ``times_s`` (name →
         seconds of the stages that method needs, DIP fit included; and
         ``dip``, ``heldout_fit``).
     """
@@ -217,7 +218,10 @@ def result_methods(result, truth, calibration=None, suffix: str = "") -> dict:
         "heldout": score(truth, x_hat, result.std),
         "heldout_mle": score(truth, x_hat, total_variance(HELDOUT, x_hat, var_post,
                                                           co_mle).sqrt())}
-    coefficients = {"heldout": {"t0": fitted["t0"], "s1": fitted["s1"]},
+    prior = fitted.get("info", {}).get("prior") or {}
+    coefficients = {"heldout": {"t0": fitted["t0"], "s1": fitted["s1"],
+                                # whether the calibration bounded the fit, and what decided it
+                                **{k: prior[k] for k in ("floor", "fit_excess") if k in prior}},
                     "heldout_mle": {"t0": co_mle.t0, "s1": co_mle.s1}}
     if calibration is not None:
         for name in (CALIBRATED, CONFORMAL):

@@ -125,8 +125,32 @@ def _kept_case(folder, case_id: str):
     return lik, a["truth"], torch.as_tensor(a["x_hat"]), torch.as_tensor(a["var_post"])
 
 
+def row_fit_excess(row: dict, x_hat) -> float:
+    """The fit's excess (:func:`~ctuq.recon.model_error.terms.fit_excess`) of a benchmark
+    row's image ``x_hat`` ``(H, W)``: the row's own record where it has one, else
+    measured on the case's scan simulated again (a realistic one on the centre that
+    ``center_offset = 'auto'`` estimates, as the benchmark ran it)."""
+    stored = ((row.get("coefficients") or {}).get(HELDOUT) or {}).get("fit_excess")
+    if stored is not None:
+        return float(stored)
+    from ctuq.bench.cases import simulate, sinogram
+    from ctuq.recon.config import ReconstructionConfig
+    from ctuq.recon.consistency import auto_center
+    from ctuq.recon.model_error.terms import fit_excess
+    from ctuq.recon.problem import ReconstructionProblem
+
+    scan = simulate(row)
+    sino = sinogram(scan, with_truth=False)
+    if scan.sinogram is not None:
+        sino = auto_center(sino)[0]
+    problem = ReconstructionProblem.from_sinogram(sino, ReconstructionConfig())
+    return fit_excess(problem, torch.as_tensor(np.asarray(x_hat), dtype=torch.float32)
+                      / problem.scale)
+
+
 def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
-                     floor: bool = False, calibration_floor: bool = False) -> dict:
+                     floor: bool = False, calibration_floor: bool = False,
+                     excess_thresholds=()) -> dict:
     """Score every width of the held-out fit's prior on stored scans.
 
     Parameters
@@ -148,6 +172,12 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         (``'<width> floor'``: ``heldout_calibration_floor``,
         :meth:`~ctuq.recon.model_error.HeldoutLikelihood.fit`); these are
         candidates of the rule beside the widths.
+    excess_thresholds : sequence of float
+        Also each width floored only where the image's excess
+        (:func:`row_fit_excess`) is above the threshold ``T``
+        (``'<width> auto <T>'``; ``heldout_calibration_floor = 'auto'`` is
+        ``T`` = :data:`~ctuq.recon.model_error.terms.FLOOR_EXCESS`); candidates
+        of the rule too. Default none.
 
     Returns
     -------
@@ -167,11 +197,17 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
             continue
         lik, truth, x_hat, var_post = kept
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
+        if excess_thresholds:
+            row["fit_excess"] = row_fit_excess(r, x_hat)
         mle = lik.fit()
         candidates = {str(w): mle if math.isinf(w) else lik.fit(prior, w, mle=mle)
                       for w in widths}
         if calibration_floor:
             candidates.update({f"{w} floor": lik.fit(prior, w, mle=mle, floor=True)
+                               for w in widths if not math.isinf(w)})
+        for t in excess_thresholds:
+            candidates.update({f"{w} auto {t:g}": lik.fit(prior, w, mle=mle,
+                                                           floor=row["fit_excess"] > t)
                                for w in widths if not math.isinf(w)})
         candidates["calibrated"] = prior  # the calibration alone, no held-out fit
         if floor:  # the calibration as a floor under the MLE
@@ -183,8 +219,9 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
             row[name] = {"t0": co.t0, "s1": co.s1, **s}
         per_case.append(row)
     summary = {w: summarise(rs) for w, rs in per_width.items() if rs}
-    ruled = [str(w) for w in widths] + [f"{w} floor" for w in widths
-                                        if calibration_floor and not math.isinf(w)]
+    finite = [w for w in widths if not math.isinf(w)]
+    ruled = [str(w) for w in widths] + [f"{w} floor" for w in finite if calibration_floor] \
+        + [f"{w} auto {t:g}" for t in excess_thresholds for w in finite]
     chosen, rule = choose_width({w: summary[w] for w in ruled if w in summary})
     return {"split": "validation", "calibration": str(calibration),
             "prior": {"t0": prior.t0, "s1": prior.s1, "info": {

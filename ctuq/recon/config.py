@@ -63,7 +63,7 @@ from ctuq.fields import build, setting, specs, validate
 from ctuq.models.unet import PRESETS, preset_name_for_size
 from ctuq.recon.dip import DIPConfig, check_device
 from ctuq.recon.methods.laplace import LaplaceMethod, LaplaceSettings
-from ctuq.recon.model_error.terms import MODEL_ERROR_TERMS, HeldoutTerm
+from ctuq.recon.model_error.terms import FLOOR_CHOICES, MODEL_ERROR_TERMS, HeldoutTerm
 from ctuq.recon.presets import UNCERTAINTY_DEFAULTS
 from ctuq.recon.problem import NOISE_MODELS
 
@@ -94,6 +94,12 @@ DEFAULT_TERM = HeldoutTerm.name
 
 def _plain(value):
     return list(value) if isinstance(value, tuple) else value
+
+
+def _floor_choice(value):
+    """``heldout_calibration_floor`` as a choice: the bool of files written when it was
+    one is read as ``'on'``/``'off'``; anything else is left for validation."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 def _known_method(name: str) -> str:
@@ -159,15 +165,18 @@ class UncertaintyConfig:
         held-out projections cannot see the model error (few angles, much
         noise). 0 turns it off. Default 0.1 (chosen on the validation split,
         docs/defaults.md).
-    heldout_calibration_floor : bool
-        Held-out term, with a calibration: it is also a lower bound. A
-        coefficient the calibration found negligible stays zero (not fitted:
-        held-out projections read the data's excess over the noise model as
-        a constant pixel error); each other is at least the calibration's.
-        The held-out fit may widen the calibrated interval, never narrow it.
-        Default False (better on realistic validation scans, worse on
-        the worst standard-condition one, whose held-out ``t0`` was real:
-        docs/defaults.md).
+    heldout_calibration_floor : str
+        Held-out term, with a calibration: when it is also a lower bound. A
+        coefficient the calibration found negligible then stays zero (not
+        fitted: held-out projections read the data's excess over the noise
+        model as a constant pixel error) and each other is at least the
+        calibration's, so the held-out fit may widen the calibrated interval,
+        never narrow it. ``'auto'``: when the fit leaves more than the noise
+        in the data (the mean squared whitened residual of the image shown,
+        over all rays, above 1: see :data:`FLOOR_EXCESS`); ``'on'``: always;
+        ``'off'``: never. ``True``/``False`` are read as ``'on'``/``'off'``.
+        Default ``'auto'`` (chosen on the validation split: better than
+        either on both the realistic and the standard scans, docs/defaults.md).
     heldout_correlation_length : float
         Held-out term: the held-out projections are read as sums of pixel
         errors correlated over this many pixels (a Gaussian of this std,
@@ -215,10 +224,10 @@ class UncertaintyConfig:
     heldout_prior_width: float = setting(0.1, kind=float, minimum=0, maximum=100.0,
                                          doc="Held-out term: width (log units) of the "
                                              "calibrated prior on the coefficients; 0: none.")
-    heldout_calibration_floor: bool = setting(
-        False, kind=bool,
-        doc="Held-out term: the calibration is a lower bound (a negligible coefficient "
-            "stays zero).")
+    heldout_calibration_floor: str = setting(
+        "auto", kind=str, choices=FLOOR_CHOICES,
+        doc="Held-out term: when the calibration is a lower bound: auto (the fit leaves "
+            "more than the noise in the data), on, off.")
     heldout_correlation_length: float = setting(
         0.0, kind=float, minimum=0, maximum=64.0,
         doc="Held-out term: pixel errors correlated over this many pixels (a Gaussian's std).")
@@ -240,7 +249,7 @@ class UncertaintyConfig:
                  tables: dict | None = None, heldout_iterations: float = 1.0,
                  dip_from_heldout: float = 0.0,
                  heldout_correlation_length: float = 0.0,
-                 heldout_calibration_floor: bool = False, **given):
+                 heldout_calibration_floor: str | bool = "auto", **given):
         for name, value in (("method", method), ("predictive_samples", predictive_samples),
                             ("stored_samples", stored_samples), ("model_error", model_error),
                             ("heldout_every", heldout_every), ("heldout_min_out", heldout_min_out),
@@ -249,7 +258,8 @@ class UncertaintyConfig:
                             ("heldout_iterations", heldout_iterations),
                             ("dip_from_heldout", dip_from_heldout),
                             ("heldout_correlation_length", heldout_correlation_length),
-                            ("heldout_calibration_floor", heldout_calibration_floor)):
+                            ("heldout_calibration_floor",
+                             _floor_choice(heldout_calibration_floor))):
             object.__setattr__(self, name, value)
         validate(self, prefix="uncertainty")
         object.__setattr__(self, "tables", _build_tables(tables or {}, given))

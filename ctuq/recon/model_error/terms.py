@@ -62,7 +62,41 @@ from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT, NONE
 
 __all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
            "CalibratedTerm", "ConformalTerm", "MODEL_ERROR_TERMS", "METHODS",
-           "make_model_error", "coefficients_for", "heldout_prior", "shown_image"]
+           "make_model_error", "coefficients_for", "heldout_prior", "shown_image",
+           "FLOOR_CHOICES", "FLOOR_EXCESS", "fit_excess", "floor_applies"]
+
+#: ``heldout_calibration_floor``: when the calibration is a lower bound of the held-out fit.
+FLOOR_CHOICES = ("auto", "on", "off")
+#: ``'auto'`` floors where the image shown leaves more than this mean squared whitened
+#: residual per ray (every ray counted as a degree of freedom, so a fit at the noise
+#: level stays below it): the data then hold an excess over the noise model that the
+#: held-out residuals share and a free ``t0`` would read as pixel error (docs/defaults.md).
+FLOOR_EXCESS = 1.0
+
+
+def fit_excess(problem, image) -> float:
+    """Mean squared whitened residual ``Σ r² / m`` of ``image`` over all ``m`` rays.
+
+    ``r`` as in the consistency stage (:func:`ctuq.recon.consistency.check_consistency`:
+    the problem's noise model, given or estimated, with its per-ray variances and the
+    quarter-pixel misregistration tolerance), but with every ray a degree of freedom.
+    """
+    from ctuq.recon.consistency import check_consistency
+
+    record, _ = check_consistency(problem.y, problem.op, image, problem.noise.variance, {},
+                                  noise=problem.noise)
+    return float(record["chi2_dof"])
+
+
+def floor_applies(choice: str, excess: float | None) -> bool:
+    """Whether ``heldout_calibration_floor = choice`` floors a fit of ``excess``
+    (:func:`fit_excess`; only ``'auto'`` reads it)."""
+    if choice not in FLOOR_CHOICES:
+        raise InputError(f"must be one of {', '.join(FLOOR_CHOICES)}, got {choice!r}",
+                         field="uncertainty.heldout_calibration_floor")
+    if choice == "auto":
+        return excess is not None and excess > FLOOR_EXCESS
+    return choice == "on"
 
 
 @dataclass
@@ -211,8 +245,9 @@ class NoModelError(ModelErrorTerm):
 class HeldoutTerm(ModelErrorTerm):
     """Per scan, from the projections of a second fit that left them out
     (:mod:`ctuq.recon.model_error.heldout`), with a log-normal prior around
-    the calibration (:func:`heldout_prior`) and, with
-    ``heldout_calibration_floor``, the calibration as a lower bound."""
+    the calibration (:func:`heldout_prior`) and, where
+    ``heldout_calibration_floor`` says so (:func:`floor_applies`), the
+    calibration as a lower bound."""
 
     name = HELDOUT
     #: ``(mask, held-out fit)`` when :meth:`fit_first` made the fit, else None.
@@ -265,16 +300,20 @@ class HeldoutTerm(ModelErrorTerm):
             if length is None:
                 length = heldout_step_length(problem.op, problem.y, mask, x_in, step_in, v)
             x_in = x_in + length * step_in.to(x_in)
+        image = shown_image(fit, mean_step, length)
+        rule = s.heldout_calibration_floor
+        excess = fit_excess(problem, image) if rule == "auto" and self.calibration is not None \
+            else None
         coeffs = fit_heldout(problem.op, problem.y, mask, x_in.cpu(),
                              var_post, noise_var, prior=self.calibration,
                              prior_width=s.heldout_prior_width, ray_variance=v,
                              correlation_length=s.heldout_correlation_length,
-                             floor=s.heldout_calibration_floor)
+                             floor=floor_applies(rule, excess))
         if self.calibration is not None:
-            coeffs.info["prior"]["from"] = self.source
+            coeffs.info["prior"].update({"from": self.source, "floor_rule": rule,
+                                         "fit_excess": excess})
         if length is not None:
             coeffs.info["step_length"] = float(length)
-        image = shown_image(fit, mean_step, length)
         return coeffs, self.apply(coeffs, image.cpu(), var_post), image
 
 
