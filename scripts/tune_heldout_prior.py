@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from ctuq.bench.runner import dump_json, read_cases
 from ctuq.bench.tuning import tune_prior_width
 
@@ -59,13 +61,21 @@ def main(argv=None):
     ap.add_argument("--excess-thresholds", default="",
                     help="comma-separated T: also each width floored where the fit's excess "
                          "is above T ('<width> auto <T>'), a candidate of the rule")
+    ap.add_argument("--split", default="validation",
+                    help="the split the rows come from, recorded (a test split's refit reports "
+                         "the chosen setting; it chooses nothing)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: every fit is a small Cholesky, and more "
+                         "threads than free cores stall a shared machine)")
     args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
     rows = list(read_cases(args.partial, "id").values())
-    dump_json(tune_prior_width(rows, args.arrays, args.calibration,
-                               [float(w) for w in args.widths.split(",")], floor=args.floor,
-                               calibration_floor=args.calibration_floor,
-                               excess_thresholds=[float(t) for t in
-                                                  args.excess_thresholds.split(",") if t]))
+    tuned = tune_prior_width(rows, args.arrays, args.calibration,
+                             [float(w) for w in args.widths.split(",")], floor=args.floor,
+                             calibration_floor=args.calibration_floor,
+                             excess_thresholds=[float(t) for t in
+                                                args.excess_thresholds.split(",") if t])
+    dump_json({**tuned, "split": args.split})
 
 
 if __name__ == "__main__":
