@@ -186,9 +186,11 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         candidate), ``cases``, ``seconds``.
     """
     from ctuq.recon.model_error import ModelErrorCoefficients
+    from ctuq.recon.model_error.terms import floor_applies
 
     t_start = time.perf_counter()
     prior = ModelErrorCoefficients.load(calibration)
+    finite = [w for w in widths if not math.isinf(w)]  # the widths a prior can have
     per_width: dict[str, list] = {}  # candidate -> its scores per image, in order
     per_case = []
     for r in sorted(rows, key=lambda r: r["id"]):
@@ -204,11 +206,11 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
                       for w in widths}
         if calibration_floor:
             candidates.update({f"{w} floor": lik.fit(prior, w, mle=mle, floor=True)
-                               for w in widths if not math.isinf(w)})
+                               for w in finite})
         for t in excess_thresholds:
-            candidates.update({f"{w} auto {t:g}": lik.fit(prior, w, mle=mle,
-                                                           floor=row["fit_excess"] > t)
-                               for w in widths if not math.isinf(w)})
+            floored = floor_applies("auto", row["fit_excess"], threshold=t)
+            candidates.update({f"{w} auto {t:g}": lik.fit(prior, w, mle=mle, floor=floored)
+                               for w in finite})
         candidates["calibrated"] = prior  # the calibration alone, no held-out fit
         if floor:  # the calibration as a floor under the MLE
             candidates["floor"] = ModelErrorCoefficients(max(mle.t0, prior.t0),
@@ -219,7 +221,6 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
             row[name] = {"t0": co.t0, "s1": co.s1, **s}
         per_case.append(row)
     summary = {w: summarise(rs) for w, rs in per_width.items() if rs}
-    finite = [w for w in widths if not math.isinf(w)]
     ruled = [str(w) for w in widths] + [f"{w} floor" for w in finite if calibration_floor] \
         + [f"{w} auto {t:g}" for t in excess_thresholds for w in finite]
     chosen, rule = choose_width({w: summary[w] for w in ruled if w in summary})

@@ -88,14 +88,15 @@ def fit_excess(problem, image) -> float:
     return float(record["chi2_dof"])
 
 
-def floor_applies(choice: str, excess: float | None) -> bool:
+def floor_applies(choice: str, excess: float | None, threshold: float = FLOOR_EXCESS) -> bool:
     """Whether ``heldout_calibration_floor = choice`` floors a fit of ``excess``
-    (:func:`fit_excess`; only ``'auto'`` reads it)."""
+    (:func:`fit_excess`; only ``'auto'`` reads it, against ``threshold``, which
+    tuning varies)."""
     if choice not in FLOOR_CHOICES:
         raise InputError(f"must be one of {', '.join(FLOOR_CHOICES)}, got {choice!r}",
                          field="uncertainty.heldout_calibration_floor")
     if choice == "auto":
-        return excess is not None and excess > FLOOR_EXCESS
+        return excess is not None and excess > threshold
     return choice == "on"
 
 
