@@ -45,7 +45,13 @@ def main(argv=None):
     ap.add_argument("--every", default="6,4,3")
     ap.add_argument("--width", type=float, default=0.1, help="the prior's width")
     ap.add_argument("--calibration", default="ctuq/recon/model_error_defaults/dip-64.json")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: more threads than free cores stall a "
+                         "shared machine, and the refits run one after another)")
     args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     logging.getLogger("ctuq").setLevel(logging.WARNING)
     logging.getLogger("ctuq.bench").setLevel(logging.INFO)

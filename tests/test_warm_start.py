@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from ctuq.data.splits import FAMILIES
 from ctuq.errors import InputError
 from ctuq.models.unet import UNetConfig, build_unet, unet_preset
 from ctuq.recon import presets
@@ -107,7 +108,6 @@ def _size_of_full(net, tmp_path):
 
 def test_training_pairs_are_seeded_and_from_the_tuning_split():
     from ctuq.bench.pretrain import training_pairs
-    from ctuq.data.splits import FAMILIES
 
     fbp, truth, info = training_pairs(28, 6, seed=1, conditions=[(20, 0.05)])
     again, _, info2 = training_pairs(28, 6, seed=1, conditions=[(20, 0.05)])
@@ -132,7 +132,8 @@ def test_sweep_cases_and_summary():
     from ctuq.bench.dip_vs_tv import summarise_sweep, sweep_cases
 
     cases = sweep_cases(64, 2)
-    assert {c["split"] for c in cases} == {"validation"} and len(cases) == 8
+    assert {c["split"] for c in cases} == {"validation"}
+    assert len(cases) == 2 * len(FAMILIES["validation"])
     assert {c["condition"] for c in cases if c["index"] == 0} == {"30 angles, 1% noise"}
     assert {c["condition"] for c in cases if c["index"] == 1} == {"60 angles, 5% noise"}
     tv = [{"id": f"c{i}", "tv_best": {"psnr": 30.0 + i}, "tv_default": {"psnr": 29.0 + i}}

@@ -261,8 +261,9 @@ def _number_list(text: str, kind, option: str) -> list:
 @app.command()
 def calibrate(out: Path = typer.Option(..., "--out", help="Coefficients file to write (JSON)."),
               size: int = typer.Option(64, help="Image side in pixels (picks the preset)."),
-              families: str = typer.Option("ellipses,shepp-variant,rectangles,digits",
-                                           help="Phantom families (tuning split)."),
+              families: str = typer.Option(
+                  None, help="Phantom families of the tuning split, comma-separated (default "
+                  "ellipses,shepp-variant,rectangles,digits; 'photos' is its textured family)."),
               n: int = typer.Option(2, "--n", help="Images per family and condition."),
               angles: str = typer.Option("30,60", help="Numbers of angles, comma-separated."),
               noise: str = typer.Option("0.01,0.05", help="Noise levels, comma-separated."),
@@ -277,10 +278,12 @@ def calibrate(out: Path = typer.Option(..., "--out", help="Coefficients file to 
     42 min on one thread of a 2-core CPU.
     """
     from ctuq.data.io import check_output_path
+    from ctuq.recon.calibrate import CALIBRATION_FAMILIES
     from ctuq.recon.calibrate import calibrate as run_calibration
 
     cfg = _build_config(config)
-    fams = [f.strip() for f in families.split(",") if f.strip()]
+    fams = [f.strip() for f in (families or ",".join(CALIBRATION_FAMILIES)).split(",")
+            if f.strip()]
     n_angles = _number_list(angles, int, "--angles")
     levels = _number_list(noise, float, "--noise")
     if not 4 <= size <= 4096:

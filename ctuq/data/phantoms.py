@@ -290,26 +290,46 @@ NATURAL_IMAGES = ("camera", "coins", "moon", "astronaut", "coffee", "chelsea", "
                   "brick", "grass", "gravel", "horse", "clock", "cell", "page", "text",
                   "immunohistochemistry", "retina", "hubble_deep_field")
 
+#: Bundled photographs that :data:`NATURAL_IMAGES` does not hold: scikit-learn's two sample
+#: images and the two views of scikit-image's stereo motorcycle. The textured family of
+#: the tuning and validation splits (``ctuq.data.splits``) crops them, so that no image a
+#: setting was chosen on is a photograph the test split uses.
+OTHER_PHOTOGRAPHS = ("china", "flower", "motorcycle_left", "motorcycle_right")
 
-@functools.lru_cache(maxsize=len(NATURAL_IMAGES))
-def _natural_image(name: str) -> np.ndarray:
+
+def _photograph(name: str) -> np.ndarray:
+    """A bundled photograph as an RGB(A) or grey array, by name."""
     import skimage.data
+
+    if name in ("china", "flower"):
+        from sklearn.datasets import load_sample_image
+
+        return load_sample_image(f"{name}.jpg")
+    if name in ("motorcycle_left", "motorcycle_right"):
+        left, right, _ = skimage.data.stereo_motorcycle()
+        return left if name == "motorcycle_left" else right
+    return getattr(skimage.data, name)()
+
+
+@functools.lru_cache(maxsize=len(NATURAL_IMAGES) + len(OTHER_PHOTOGRAPHS))
+def _natural_image(name: str) -> np.ndarray:
     from skimage.color import rgb2gray
     from skimage.util import img_as_float
 
-    img = img_as_float(getattr(skimage.data, name)())
+    img = img_as_float(_photograph(name))
     if img.ndim == 3:
         img = rgb2gray(img[..., :3])
     return img.astype(np.float64)
 
 
-def natural_crop(size: int = 128, seed: int = 0) -> np.ndarray:
-    """A random square crop of a bundled scikit-image photograph, in grey levels.
+def natural_crop(size: int = 128, seed: int = 0,
+                 images: tuple[str, ...] = NATURAL_IMAGES) -> np.ndarray:
+    """A random square crop of a bundled photograph, in grey levels.
 
-    The seed chooses the photograph (one of :data:`NATURAL_IMAGES`), the crop
-    side (30–80 % of the photograph's shorter side) and its position; the crop
-    is resized to ``size`` (anti-aliased) and scaled to [0, 1] by its own
-    minimum and maximum.
+    The seed chooses the photograph (one of ``images``), the crop side (30–80 %
+    of the photograph's shorter side) and its position; the crop is resized
+    to ``size`` (anti-aliased) and scaled to [0, 1] by its own minimum and
+    maximum.
 
     Parameters
     ----------
@@ -317,6 +337,9 @@ def natural_crop(size: int = 128, seed: int = 0) -> np.ndarray:
         Image side in pixels. Default 128.
     seed : int, optional
         Seed of the choice. Default 0.
+    images : tuple of str, optional
+        The photographs to choose from, names of :data:`NATURAL_IMAGES` or
+        :data:`OTHER_PHOTOGRAPHS`. Default :data:`NATURAL_IMAGES`.
 
     Returns
     -------
@@ -326,7 +349,7 @@ def natural_crop(size: int = 128, seed: int = 0) -> np.ndarray:
 
     size = _check_size(size)
     rng = np.random.default_rng(seed)
-    img = _natural_image(NATURAL_IMAGES[int(rng.integers(len(NATURAL_IMAGES)))])
+    img = _natural_image(images[int(rng.integers(len(images)))])
     side = int(rng.uniform(0.3, 0.8) * min(img.shape))
     r0 = int(rng.integers(0, img.shape[0] - side + 1))
     r1 = int(rng.integers(0, img.shape[1] - side + 1))

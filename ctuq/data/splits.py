@@ -15,6 +15,10 @@ script therefore takes its images from one named split (see
 - **test** — every figure the README reports. Seeds ``20,000 … 29,999``,
   digits 1,200–1,796, and the natural-image crops, which no other split uses.
 
+Tuning and validation have a textured family instead, ``photos``: crops of
+bundled photographs the test split does not use, a different pair for each
+split (:data:`PHOTOGRAPHS`).
+
 A :class:`Case` names one image of a split; its noise seed is derived from
 the same index, so two scripts that ask for the same case see the same
 image and, for the same noise level, the same noise draw.
@@ -46,12 +50,21 @@ SEEDS_PER_SPLIT = 10_000
 #: noise seeds < 10,000 of the scripts written before this module).
 NOISE_BASE = {"tuning": 10_000_000, "validation": 20_000_000, "test": 30_000_000}
 
-#: Families each split may draw from; natural images are kept for testing.
+#: Families each split may draw from. Natural-image crops are kept for testing; the
+#: textured family of tuning and validation, ``photos``, crops other photographs.
 FAMILIES = {
-    "tuning": ("ellipses", "shepp-variant", "rectangles", "digits"),
-    "validation": ("ellipses", "shepp-variant", "rectangles", "digits"),
+    "tuning": ("ellipses", "shepp-variant", "rectangles", "digits", "photos"),
+    "validation": ("ellipses", "shepp-variant", "rectangles", "digits", "photos"),
     "test": ("ellipses", "shepp-variant", "rectangles", "digits", "natural"),
 }
+#: Every family in the order that numbers them in the noise seeds (new ones go last,
+#: so that an existing case keeps its noise draw).
+FAMILY_ORDER = ("ellipses", "shepp-variant", "rectangles", "digits", "natural", "photos")
+#: The photographs each split's ``photos`` crops come from
+#: (:data:`ctuq.data.phantoms.OTHER_PHOTOGRAPHS`): disjoint between the splits and from
+#: the test split's natural crops.
+PHOTOGRAPHS = {"tuning": ("china", "motorcycle_left"),
+               "validation": ("flower", "motorcycle_right")}
 
 #: Indices into :func:`ctuq.data.phantoms.digit`'s order (1,797 digits).
 DIGIT_RANGES = {"tuning": (0, 600), "validation": (600, 1200), "test": (1200, 1797)}
@@ -115,20 +128,22 @@ class Case:
         """
         if not (isinstance(offset, (int, np.integer)) and 0 <= offset < 100):
             raise InputError(f"must be an integer in [0, 100), got {offset!r}", field="offset")
-        family = FAMILIES["test"].index(self.family)
+        family = FAMILY_ORDER.index(self.family)
         return NOISE_BASE[self.split] + 100 * (family * SEEDS_PER_SPLIT + int(self.index)) + offset
 
     def image(self) -> np.ndarray:
         """The phantom, float32 in [0, 1], shape ``(size, size)``."""
         if self.family == "digits":
             return phantoms.digit(self.phantom_seed, self.size)
+        if self.family == "photos":
+            return phantoms.natural_crop(self.size, self.phantom_seed, PHOTOGRAPHS[self.split])
         return phantoms.make_phantom(self.family, self.size, self.phantom_seed)
 
     def fine_image(self, upsample: int = 4) -> tuple[np.ndarray, str]:
         """The same phantom drawn on a grid ``upsample`` times finer, and how.
 
         Analytic families (ellipses, shepp-variant, rectangles) are drawn
-        from their exact shapes at the finer pixels; digits and natural crops
+        from their exact shapes at the finer pixels; digits and photograph crops
         are interpolated from their source raster (see
         :func:`ctuq.data.phantoms.render_phantom`).
 
@@ -141,8 +156,8 @@ class Case:
                 or upsample < 1:
             raise InputError(f"must be an integer >= 1, got {upsample!r}", field="upsample")
         n = int(upsample) * self.size
-        if self.family == "digits":
-            return phantoms.digit(self.phantom_seed, n), "raster"
+        if self.family in ("digits", "photos"):
+            return Case(self.split, self.family, self.index, n).image(), "raster"
         return phantoms.render_phantom(self.family, n, self.phantom_seed)
 
 

@@ -34,9 +34,13 @@ from ctuq.progress import check_cancel, emit_progress
 from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, conformal_scale, fit_to_truth
 
-__all__ = ["calibrate", "calibration_scans", "fit_calibration"]
+__all__ = ["CALIBRATION_FAMILIES", "calibrate", "calibration_scans", "fit_calibration"]
 
 log = logging.getLogger(__name__)
+
+#: The families a calibration uses by default: those of the shipped calibrations. The
+#: tuning split's textured family (``'photos'``) is there to be named.
+CALIBRATION_FAMILIES = ("ellipses", "shepp-variant", "rectangles", "digits")
 
 
 def calibration_scans(size: int, *, families: Sequence[str] | None = None,
@@ -52,7 +56,7 @@ def calibration_scans(size: int, *, families: Sequence[str] | None = None,
     from ctuq.data.operators import RayTransform
     from ctuq.data.simulate import simulate_sinogram
 
-    families = FAMILIES["tuning"] if families is None else tuple(families)
+    families = CALIBRATION_FAMILIES if families is None else tuple(families)
     for n_angles in angles:
         geometry = Geometry.parallel(size, n_angles)
         op = RayTransform(geometry)
@@ -86,7 +90,7 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
         projections); the coefficients describe the error of the image the
         settings show, with the posterior variance alone.
     families : sequence of str, optional
-        Phantom families of the tuning split (default all of them).
+        Phantom families of the tuning split (default :data:`CALIBRATION_FAMILIES`).
     n_per_family : int
         Images per family and condition. Default 2.
     angles : sequence of int
@@ -144,7 +148,7 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
     emit_progress(progress, "calibrate", len(scans), len(scans), "fitting")
     return fit_calibration(
         truths, means, variances, preset=preset, size=int(size),
-        families=list(families or FAMILIES["tuning"]), split="tuning", angles=list(angles),
+        families=list(families or CALIBRATION_FAMILIES), split="tuning", angles=list(angles),
         noise_levels=list(noise_levels), n_per_family=int(n_per_family),
         scans=[label for label, _ in scans], seconds=time.perf_counter() - t0,
         uncertainty={k: v for k, v in config.uncertainty.items()})
