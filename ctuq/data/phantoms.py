@@ -290,25 +290,36 @@ NATURAL_IMAGES = ("camera", "coins", "moon", "astronaut", "coffee", "chelsea", "
                   "brick", "grass", "gravel", "horse", "clock", "cell", "page", "text",
                   "immunohistochemistry", "retina", "hubble_deep_field")
 
-#: Bundled photographs that :data:`NATURAL_IMAGES` does not hold: scikit-learn's two sample
-#: images and the two views of scikit-image's stereo motorcycle. The textured family of
-#: the tuning and validation splits (``ctuq.data.splits``) crops them, so that no image a
-#: setting was chosen on is a photograph the test split uses.
-OTHER_PHOTOGRAPHS = ("china", "flower", "motorcycle_left", "motorcycle_right")
+def _sample_image(name: str) -> np.ndarray:
+    from sklearn.datasets import load_sample_image
+
+    return load_sample_image(f"{name}.jpg")
+
+
+def _motorcycle(view: int) -> np.ndarray:
+    import skimage.data
+
+    return skimage.data.stereo_motorcycle()[view]
+
+
+#: Loaders of the bundled photographs that :data:`NATURAL_IMAGES` does not hold:
+#: scikit-learn's two sample images and the two views of scikit-image's stereo motorcycle.
+_OTHER_LOADERS = {"china": lambda: _sample_image("china"),
+                  "flower": lambda: _sample_image("flower"),
+                  "motorcycle_left": lambda: _motorcycle(0),
+                  "motorcycle_right": lambda: _motorcycle(1)}
+#: Their names. The textured family of the tuning and validation splits
+#: (``ctuq.data.splits``) crops them, so that no image a setting was chosen on is a
+#: photograph the test split uses.
+OTHER_PHOTOGRAPHS = tuple(_OTHER_LOADERS)
 
 
 def _photograph(name: str) -> np.ndarray:
     """A bundled photograph as an RGB(A) or grey array, by name."""
     import skimage.data
 
-    if name in ("china", "flower"):
-        from sklearn.datasets import load_sample_image
-
-        return load_sample_image(f"{name}.jpg")
-    if name in ("motorcycle_left", "motorcycle_right"):
-        left, right, _ = skimage.data.stereo_motorcycle()
-        return left if name == "motorcycle_left" else right
-    return getattr(skimage.data, name)()
+    loader = _OTHER_LOADERS.get(name)
+    return loader() if loader else getattr(skimage.data, name)()
 
 
 @functools.lru_cache(maxsize=len(NATURAL_IMAGES) + len(OTHER_PHOTOGRAPHS))
