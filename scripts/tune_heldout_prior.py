@@ -25,7 +25,10 @@ calibration as a lower bound (``'<width> floor'``, the setting
 floored only where the image leaves more than ``T`` of mean squared whitened
 residual per ray (``'<width> auto <T>'``; ``'auto'`` is ``T = 1``; the excess
 is the row's record, or measured on the scan simulated again); all are
-candidates of the rule too. docs/defaults.md tells why the third condition is
+candidates of the rule too. ``--noise-rules residual`` adds each width, and each
+width floored by each threshold, with the held-out likelihood's noise variance
+scaled by the fit's excess (``'<width> residual'``, ``'<width> auto <T> residual'``:
+the setting ``heldout_noise = 'residual'``). docs/defaults.md tells why the third condition is
 there (the validation images come from the calibration's own families).
 
 Usage::
@@ -61,6 +64,11 @@ def main(argv=None):
     ap.add_argument("--excess-thresholds", default="",
                     help="comma-separated T: also each width floored where the fit's excess "
                          "is above T ('<width> auto <T>'), a candidate of the rule")
+    ap.add_argument("--noise-rules", default="",
+                    help="comma-separated heldout_noise rules (residual): also each width, and "
+                         "each width floored by each excess threshold, with the held-out "
+                         "likelihood's noise variance as the rule sets it ('<width> <rule>', "
+                         "'<width> auto <T> <rule>'), candidates of the rule")
     ap.add_argument("--split", default="validation",
                     help="the split the rows come from, recorded (a test split's refit reports "
                          "the chosen setting; it chooses nothing)")
@@ -74,7 +82,8 @@ def main(argv=None):
                              [float(w) for w in args.widths.split(",")], floor=args.floor,
                              calibration_floor=args.calibration_floor,
                              excess_thresholds=[float(t) for t in
-                                                args.excess_thresholds.split(",") if t])
+                                                args.excess_thresholds.split(",") if t],
+                             noise_rules=[r for r in args.noise_rules.split(",") if r])
     dump_json({**tuned, "split": args.split})
 
 

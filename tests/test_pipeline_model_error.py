@@ -11,16 +11,16 @@ import ctuq
 from ctuq.errors import InputError
 from ctuq.recon.config import UncertaintyConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
-from ctuq.recon.model_error.terms import FLOOR_EXCESS, floor_applies
+from ctuq.recon.model_error.terms import FLOOR_EXCESS, floor_applies, heldout_noise_scale
 
 from conftest import digit_sinogram
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _config(**unc):
+def _config(noise_std=None, **unc):
     return ctuq.ReconstructionConfig(
-        preset="reference-28", threads=1, dip={"iterations": 60},
+        preset="reference-28", threads=1, dip={"iterations": 60}, noise_std=noise_std,
         uncertainty={"em_steps": 1, "n_samples": 2, "predictive_samples": 16,
                      "stored_samples": 0, "predcp": False, "preconditioner_rank": 8,
                      "cg_max_iter": 40, **unc})
@@ -197,6 +197,37 @@ def test_floor_rule_choices_and_their_decisions():
     assert floor_applies("auto", FLOOR_EXCESS * 1.01) and not floor_applies("auto", 0.9)
     assert not floor_applies("auto", None)  # no calibration: nothing measured, no floor
     assert floor_applies("on", 0.5) and not floor_applies("off", 50.0)
+
+
+def test_held_out_noise_rule_choices_and_their_scales():
+    assert UncertaintyConfig().heldout_noise == "given"
+    with pytest.raises(InputError, match="heldout_noise"):
+        UncertaintyConfig(heldout_noise="estimated")
+    ok, flagged = {"chi2_dof": 2.5, "verdict": "ok"}, {"chi2_dof": 40.0, "verdict": "misfit"}
+    assert heldout_noise_scale("given", ok) == 1.0
+    assert heldout_noise_scale("residual", ok) == 2.5
+    assert heldout_noise_scale("residual", {"chi2_dof": 0.7, "verdict": "ok"}) == 1.0
+    assert heldout_noise_scale("residual", flagged) == 1.0  # a wrong geometry keeps σ²
+    assert heldout_noise_scale("residual", None) == 1.0
+
+
+def test_residual_noise_reads_the_fits_excess_as_noise_on_the_held_out_rays(scan):
+    """``heldout_noise = 'residual'``: the held-out likelihood's σ² is scaled by the
+    fit's excess (the consistency stage's χ² with every ray a degree of freedom), so
+    less of the held-out residual is left to the model error. (60 iterations leave an
+    excess of ~17 at the true σ, a misfit; at 2.5 σ the fit is accepted with ~2.7.)"""
+    sigma = 2.5 * scan.meta["noise_std"]
+    runs = {rule: ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4,
+                                                 heldout_noise=rule, noise_std=sigma))
+            for rule in ("given", "residual")}
+    r, given = runs["residual"], runs["given"]
+    info, d = r.config["model_error"]["info"], r.diagnostics
+    excess = d["chi2_dof"] * d["dof"] / np.asarray(scan.data).size
+    assert info["noise_rule"] == "residual" and 1 < excess < 14.5
+    assert info["noise_scale"] == pytest.approx(excess, rel=1e-5)
+    assert given.config["model_error"]["info"]["noise_scale"] == 1.0
+    np.testing.assert_array_equal(r.reconstruction, given.reconstruction)
+    assert (r.model_error_std ** 2).mean() < (given.model_error_std ** 2).mean()
 
 
 @pytest.mark.parametrize("method", ["heldout", "calibrated"])

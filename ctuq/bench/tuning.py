@@ -18,6 +18,7 @@ reconstruction.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -125,6 +126,26 @@ def _kept_case(folder, case_id: str):
     return lik, a["truth"], torch.as_tensor(a["x_hat"]), torch.as_tensor(a["var_post"])
 
 
+def row_fit_record(row: dict, x_hat) -> dict:
+    """The consistency record (:func:`~ctuq.recon.model_error.terms.fit_record`:
+    ``chi2_dof``, the fit's excess, and ``verdict``) of a benchmark row's image ``x_hat``
+    ``(H, W)``, measured on the case's scan simulated again (a realistic one on the centre
+    that ``center_offset = 'auto'`` estimates, as the benchmark ran it)."""
+    from ctuq.bench.cases import simulate, sinogram
+    from ctuq.recon.config import ReconstructionConfig
+    from ctuq.recon.consistency import auto_center
+    from ctuq.recon.model_error.terms import fit_record
+    from ctuq.recon.problem import ReconstructionProblem
+
+    scan = simulate(row)
+    sino = sinogram(scan, with_truth=False)
+    if scan.sinogram is not None:
+        sino = auto_center(sino)[0]
+    problem = ReconstructionProblem.from_sinogram(sino, ReconstructionConfig())
+    return fit_record(problem, torch.as_tensor(np.asarray(x_hat), dtype=torch.float32)
+                      / problem.scale)
+
+
 def row_fit_excess(row: dict, x_hat) -> float:
     """The fit's excess (:func:`~ctuq.recon.model_error.terms.fit_excess`) of a benchmark
     row's image ``x_hat`` ``(H, W)``: the row's own record where it has one, else
@@ -133,24 +154,12 @@ def row_fit_excess(row: dict, x_hat) -> float:
     stored = ((row.get("coefficients") or {}).get(HELDOUT) or {}).get("fit_excess")
     if stored is not None:
         return float(stored)
-    from ctuq.bench.cases import simulate, sinogram
-    from ctuq.recon.config import ReconstructionConfig
-    from ctuq.recon.consistency import auto_center
-    from ctuq.recon.model_error.terms import fit_excess
-    from ctuq.recon.problem import ReconstructionProblem
-
-    scan = simulate(row)
-    sino = sinogram(scan, with_truth=False)
-    if scan.sinogram is not None:
-        sino = auto_center(sino)[0]
-    problem = ReconstructionProblem.from_sinogram(sino, ReconstructionConfig())
-    return fit_excess(problem, torch.as_tensor(np.asarray(x_hat), dtype=torch.float32)
-                      / problem.scale)
+    return float(row_fit_record(row, x_hat)["chi2_dof"])
 
 
 def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
                      floor: bool = False, calibration_floor: bool = False,
-                     excess_thresholds=()) -> dict:
+                     excess_thresholds=(), noise_rules=()) -> dict:
     """Score every width of the held-out fit's prior on stored scans.
 
     Parameters
@@ -178,6 +187,13 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         (``'<width> auto <T>'``; ``heldout_calibration_floor = 'auto'`` is
         ``T`` = :data:`~ctuq.recon.model_error.terms.FLOOR_EXCESS`); candidates
         of the rule too. Default none.
+    noise_rules : sequence of str
+        Also each width (``'<width> <rule>'``) and each width floored by each
+        excess threshold (``'<width> auto <T> <rule>'``) with the held-out
+        likelihood's noise variance as ``heldout_noise = rule`` sets it
+        (:func:`~ctuq.recon.model_error.terms.heldout_noise_scale`, the fit's excess
+        and verdict measured by :func:`row_fit_record`); candidates of the rule
+        too. Default none.
 
     Returns
     -------
@@ -186,7 +202,7 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         candidate), ``cases``, ``seconds``.
     """
     from ctuq.recon.model_error import ModelErrorCoefficients
-    from ctuq.recon.model_error.terms import floor_applies
+    from ctuq.recon.model_error.terms import floor_applies, heldout_noise_scale
 
     t_start = time.perf_counter()
     prior = ModelErrorCoefficients.load(calibration)
@@ -199,8 +215,10 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
             continue
         lik, truth, x_hat, var_post = kept
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
-        if excess_thresholds:
+        if excess_thresholds or noise_rules:
             row["fit_excess"] = row_fit_excess(r, x_hat)
+        if noise_rules:
+            row["verdict"] = row_fit_record(r, x_hat)["verdict"]
         mle = lik.fit()
         candidates = {str(w): mle if math.isinf(w) else lik.fit(prior, w, mle=mle)
                       for w in widths}
@@ -211,6 +229,13 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
             floored = floor_applies("auto", row["fit_excess"], threshold=t)
             candidates.update({f"{w} auto {t:g}": lik.fit(prior, w, mle=mle, floor=floored)
                                for w in finite})
+        for rule in noise_rules:
+            scaled = dataclasses.replace(lik, noise_var=lik.noise_var * heldout_noise_scale(
+                rule, {"chi2_dof": row["fit_excess"], "verdict": row["verdict"]}))
+            candidates.update({f"{w} {rule}": scaled.fit(prior, w) for w in finite})
+            candidates.update({f"{w} auto {t:g} {rule}": scaled.fit(
+                prior, w, floor=floor_applies("auto", row["fit_excess"], threshold=t))
+                for t in excess_thresholds for w in finite})
         candidates["calibrated"] = prior  # the calibration alone, no held-out fit
         if floor:  # the calibration as a floor under the MLE
             candidates["floor"] = ModelErrorCoefficients(max(mle.t0, prior.t0),
@@ -222,7 +247,10 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         per_case.append(row)
     summary = {w: summarise(rs) for w, rs in per_width.items() if rs}
     ruled = [str(w) for w in widths] + [f"{w} floor" for w in finite if calibration_floor] \
-        + [f"{w} auto {t:g}" for t in excess_thresholds for w in finite]
+        + [f"{w} auto {t:g}" for t in excess_thresholds for w in finite] \
+        + [f"{w} {rule}" for rule in noise_rules for w in finite] \
+        + [f"{w} auto {t:g} {rule}" for rule in noise_rules for t in excess_thresholds
+           for w in finite]
     chosen, rule = choose_width({w: summary[w] for w in ruled if w in summary})
     return {"split": "validation", "calibration": str(calibration),
             "prior": {"t0": prior.t0, "s1": prior.s1, "info": {

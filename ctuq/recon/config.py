@@ -63,7 +63,8 @@ from ctuq.fields import build, setting, specs, validate
 from ctuq.models.unet import PRESETS, preset_name_for_size
 from ctuq.recon.dip import DIPConfig, check_device
 from ctuq.recon.methods.laplace import LaplaceMethod, LaplaceSettings
-from ctuq.recon.model_error.terms import FLOOR_CHOICES, MODEL_ERROR_TERMS, HeldoutTerm
+from ctuq.recon.model_error.terms import (FLOOR_CHOICES, HELDOUT_NOISE_CHOICES,
+                                         MODEL_ERROR_TERMS, HeldoutTerm)
 from ctuq.recon.presets import UNCERTAINTY_DEFAULTS
 from ctuq.recon.problem import NOISE_MODELS
 
@@ -177,6 +178,17 @@ class UncertaintyConfig:
         ``'off'``: never. ``True``/``False`` are read as ``'on'``/``'off'``.
         Default ``'auto'`` (chosen on the validation split: better than
         either on both the realistic and the standard scans, docs/defaults.md).
+    heldout_noise : str
+        Held-out term: the noise variance the held-out residuals are read with.
+        ``'given'``: the run's ``σ²``. ``'residual'``: ``σ²`` times the fit's
+        excess over it (the mean squared whitened residual of the image shown,
+        over all rays) where that is above 1 and the consistency check accepts
+        the fit: what no image explains on the fitted rays (photon noise heavier
+        than its estimate, a scan discretised otherwise) is on the held-out rays
+        too, and is then not read as pixel error
+        (:func:`~ctuq.recon.model_error.terms.heldout_noise_scale`). A flagged fit
+        keeps ``σ²``, so that a wrong geometry still widens the interval.
+        Default ``'given'``.
     heldout_correlation_length : float
         Held-out term: the held-out projections are read as sums of pixel
         errors correlated over this many pixels (a Gaussian of this std,
@@ -228,6 +240,10 @@ class UncertaintyConfig:
         "auto", kind=str, choices=FLOOR_CHOICES,
         doc="Held-out term: when the calibration is a lower bound: auto (the fit leaves "
             "more than the noise in the data), on, off.")
+    heldout_noise: str = setting(
+        "given", kind=str, choices=HELDOUT_NOISE_CHOICES,
+        doc="Held-out term: noise variance of the held-out residuals: given (the run's), "
+            "residual (times the fit's excess, for a fit the consistency check accepts).")
     heldout_correlation_length: float = setting(
         0.0, kind=float, minimum=0, maximum=64.0,
         doc="Held-out term: pixel errors correlated over this many pixels (a Gaussian's std).")
@@ -249,7 +265,8 @@ class UncertaintyConfig:
                  tables: dict | None = None, heldout_iterations: float = 1.0,
                  dip_from_heldout: float = 0.0,
                  heldout_correlation_length: float = 0.0,
-                 heldout_calibration_floor: str | bool = "auto", **given):
+                 heldout_calibration_floor: str | bool = "auto",
+                 heldout_noise: str = "given", **given):
         for name, value in (("method", method), ("predictive_samples", predictive_samples),
                             ("stored_samples", stored_samples), ("model_error", model_error),
                             ("heldout_every", heldout_every), ("heldout_min_out", heldout_min_out),
@@ -259,7 +276,8 @@ class UncertaintyConfig:
                             ("dip_from_heldout", dip_from_heldout),
                             ("heldout_correlation_length", heldout_correlation_length),
                             ("heldout_calibration_floor",
-                             _floor_choice(heldout_calibration_floor))):
+                             _floor_choice(heldout_calibration_floor)),
+                            ("heldout_noise", heldout_noise)):
             object.__setattr__(self, name, value)
         validate(self, prefix="uncertainty")
         object.__setattr__(self, "tables", _build_tables(tables or {}, given))

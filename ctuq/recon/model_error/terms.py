@@ -63,7 +63,8 @@ from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT, NONE
 __all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
            "CalibratedTerm", "ConformalTerm", "MODEL_ERROR_TERMS", "METHODS",
            "make_model_error", "coefficients_for", "heldout_prior", "shown_image",
-           "FLOOR_CHOICES", "FLOOR_EXCESS", "fit_excess", "floor_applies"]
+           "FLOOR_CHOICES", "FLOOR_EXCESS", "fit_excess", "fit_record", "floor_applies",
+           "HELDOUT_NOISE_CHOICES", "heldout_noise_scale"]
 
 #: ``heldout_calibration_floor``: when the calibration is a lower bound of the held-out fit.
 FLOOR_CHOICES = ("auto", "on", "off")
@@ -74,18 +75,50 @@ FLOOR_CHOICES = ("auto", "on", "off")
 FLOOR_EXCESS = 1.0
 
 
-def fit_excess(problem, image) -> float:
-    """Mean squared whitened residual ``Σ r² / m`` of ``image`` over all ``m`` rays.
+def fit_record(problem, image) -> dict:
+    """The consistency record of ``image`` with every ray a degree of freedom.
 
-    ``r`` as in the consistency stage (:func:`ctuq.recon.consistency.check_consistency`:
-    the problem's noise model, given or estimated, with its per-ray variances and the
-    quarter-pixel misregistration tolerance), but with every ray a degree of freedom.
+    :func:`ctuq.recon.consistency.check_consistency` with the problem's noise model
+    (given or estimated, with its per-ray variances and the quarter-pixel
+    misregistration tolerance): ``chi2_dof`` is the mean squared whitened residual
+    ``Σ r² / m`` over all ``m`` rays, ``verdict`` the check's (``'ok'``/``'misfit'``).
     """
     from ctuq.recon.consistency import check_consistency
 
     record, _ = check_consistency(problem.y, problem.op, image, problem.noise.variance, {},
                                   noise=problem.noise)
-    return float(record["chi2_dof"])
+    return record
+
+
+def fit_excess(problem, image) -> float:
+    """Mean squared whitened residual ``Σ r² / m`` of ``image`` over all ``m`` rays
+    (:func:`fit_record`'s ``chi2_dof``)."""
+    return float(fit_record(problem, image)["chi2_dof"])
+
+
+#: ``heldout_noise``: the noise variance the held-out likelihood reads its residuals with.
+HELDOUT_NOISE_CHOICES = ("given", "residual")
+
+
+def heldout_noise_scale(choice: str, record: dict | None) -> float:
+    """The factor on ``σ²`` in the held-out likelihood that ``heldout_noise = choice`` gives.
+
+    ``'given'``: 1 (the noise level of the run). ``'residual'``: the fit's excess
+    (``record['chi2_dof']``, :func:`fit_record`) where it is above 1 and the consistency
+    check accepts the fit (that record's verdict: the run's noise model, every ray a
+    degree of freedom; the result's own check also counts the fit's effective
+    parameters, so it can flag a borderline fit this one accepts): the part of the data that no image explains (photon noise
+    heavier than its estimate on dense rays, a scan discretised otherwise than the
+    projector) is on the held-out rays too and is read there as noise, not as
+    pixel error. A fit the check flags (``verdict != 'ok'``: a wrong geometry) keeps 1,
+    so that its held-out residuals still widen the interval.
+    """
+    if choice not in HELDOUT_NOISE_CHOICES:
+        raise InputError(f"must be one of {', '.join(HELDOUT_NOISE_CHOICES)}, got {choice!r}",
+                         field="uncertainty.heldout_noise")
+    if choice == "given" or record is None or record.get("verdict") != "ok":
+        return 1.0
+    return max(1.0, float(record["chi2_dof"]))
 
 
 def floor_applies(choice: str, excess: float | None, threshold: float = FLOOR_EXCESS) -> bool:
@@ -130,7 +163,7 @@ class ModelErrorTerm:
     ----------
     settings : UncertaintyConfig
         Read: ``heldout_every``, ``heldout_min_out``, ``heldout_prior_width``,
-        ``heldout_calibration_floor``, ``heldout_correlation_length``,
+        ``heldout_calibration_floor``, ``heldout_noise``, ``heldout_correlation_length``,
         ``heldout_iterations``, ``model_error_file``.
     preset : str
         Picks the shipped calibration when no file is named.
@@ -303,13 +336,16 @@ class HeldoutTerm(ModelErrorTerm):
             x_in = x_in + length * step_in.to(x_in)
         image = shown_image(fit, mean_step, length)
         rule = s.heldout_calibration_floor
-        excess = fit_excess(problem, image) if rule == "auto" and self.calibration is not None \
-            else None
+        record = fit_record(problem, image) if s.heldout_noise != "given" or (
+            rule == "auto" and self.calibration is not None) else None
+        excess = None if record is None else float(record["chi2_dof"])
+        scale = heldout_noise_scale(s.heldout_noise, record)
         coeffs = fit_heldout(problem.op, problem.y, mask, x_in.cpu(),
-                             var_post, noise_var, prior=self.calibration,
+                             var_post, noise_var * scale, prior=self.calibration,
                              prior_width=s.heldout_prior_width, ray_variance=v,
                              correlation_length=s.heldout_correlation_length,
                              floor=floor_applies(rule, excess))
+        coeffs.info.update(noise_rule=s.heldout_noise, noise_scale=scale)
         if self.calibration is not None:
             coeffs.info["prior"].update({"from": self.source, "floor_rule": rule,
                                          "fit_excess": excess})
