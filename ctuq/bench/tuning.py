@@ -192,8 +192,9 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         excess threshold (``'<width> auto <T> <rule>'``) with the held-out
         likelihood's noise variance as ``heldout_noise = rule`` sets it
         (:func:`~ctuq.recon.model_error.terms.heldout_noise_scale`, the fit's excess
-        and verdict measured by :func:`row_fit_record`); candidates of the rule
-        too. Default none.
+        and verdict measured by :func:`row_fit_record`; ``'given'``: the run's ``σ²``); the
+        other candidates read the residuals as the run did (the kept likelihood's own
+        ``noise_scale``). Candidates of the rule too. Default none.
 
     Returns
     -------
@@ -230,7 +231,7 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
             candidates.update({f"{w} auto {t:g}": lik.fit(prior, w, mle=mle, floor=floored)
                                for w in finite})
         for rule in noise_rules:
-            scaled = dataclasses.replace(lik, noise_var=lik.noise_var * heldout_noise_scale(
+            scaled = dataclasses.replace(lik, noise_scale=heldout_noise_scale(
                 rule, {"chi2_dof": row["fit_excess"], "verdict": row["verdict"]}))
             candidates.update({f"{w} {rule}": scaled.fit(prior, w) for w in finite})
             candidates.update({f"{w} auto {t:g} {rule}": scaled.fit(

@@ -164,8 +164,8 @@ class UncertaintyConfig:
         calibration (``model_error_file``, or the preset's shipped file; none
         shipped: maximum likelihood). The prior carries the fit where the
         held-out projections cannot see the model error (few angles, much
-        noise). 0 turns it off. Default 0.1 (chosen on the validation split,
-        docs/defaults.md).
+        noise). 0 turns it off. Default 0.1; ``dip-128``: 0.02 (each chosen on
+        the validation split of its size, docs/defaults.md).
     heldout_calibration_floor : str
         Held-out term, with a calibration: when it is also a lower bound. A
         coefficient the calibration found negligible then stays zero (not
@@ -188,7 +188,8 @@ class UncertaintyConfig:
         too, and is then not read as pixel error
         (:func:`~ctuq.recon.model_error.terms.heldout_noise_scale`). A flagged fit
         keeps ``σ²``, so that a wrong geometry still widens the interval.
-        Default ``'given'``.
+        Default ``'residual'`` (chosen on the validation split at 64² and 128²,
+        docs/defaults.md).
     heldout_correlation_length : float
         Held-out term: the held-out projections are read as sums of pixel
         errors correlated over this many pixels (a Gaussian of this std,
@@ -241,7 +242,7 @@ class UncertaintyConfig:
         doc="Held-out term: when the calibration is a lower bound: auto (the fit leaves "
             "more than the noise in the data), on, off.")
     heldout_noise: str = setting(
-        "given", kind=str, choices=HELDOUT_NOISE_CHOICES,
+        "residual", kind=str, choices=HELDOUT_NOISE_CHOICES,
         doc="Held-out term: noise variance of the held-out residuals: given (the run's), "
             "residual (times the fit's excess, for a fit the consistency check accepts).")
     heldout_correlation_length: float = setting(
@@ -266,7 +267,7 @@ class UncertaintyConfig:
                  dip_from_heldout: float = 0.0,
                  heldout_correlation_length: float = 0.0,
                  heldout_calibration_floor: str | bool = "auto",
-                 heldout_noise: str = "given", **given):
+                 heldout_noise: str = "residual", **given):
         for name, value in (("method", method), ("predictive_samples", predictive_samples),
                             ("stored_samples", stored_samples), ("model_error", model_error),
                             ("heldout_every", heldout_every), ("heldout_min_out", heldout_min_out),

@@ -3,6 +3,7 @@ likelihood of the left-out projections as a function of ``(t0, s1)``."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -125,7 +126,6 @@ def kept_rows(op, y, out_mask, ray_variance=None):
     v_in : Tensor, shape (n_kept, n_detector), or None
         The count noise model's ``v`` of the kept rows (None without one).
     """
-    import dataclasses
 
     from ctuq.data.operators import RayTransform
 
@@ -247,7 +247,7 @@ def correlated_rows(B, shape, length: float, batch: int = 256):
 class HeldoutLikelihood:
     """The Gaussian likelihood of held-out projections as a function of ``(t0, s1)``.
 
-    ``r ~ N(0, M_post + t0² M_const + s1² M_edge + σ² V)``, with ``r`` the
+    ``r ~ N(0, M_post + t0² M_const + s1² M_edge + k σ² V)``, with ``r`` the
     residuals of the held-out measurements and each ``M`` the Gram matrix
     ``B diag(w) Bᵀ`` of their projection rows ``B`` (``w`` the posterior
     variance, its mean, ``e(x̂_in)²``). Made by :func:`heldout_likelihood`;
@@ -273,6 +273,11 @@ class HeldoutLikelihood:
     correlation_length : float
         The pixel correlation length (px) ``M_const`` and ``M_edge`` were
         made with (:func:`correlated_rows`; 0: independent pixels).
+    noise_scale : float
+        ``k``: the residuals are read with the noise variance ``k σ² V``
+        (``heldout_noise``, :func:`ctuq.recon.model_error.terms.heldout_noise_scale`;
+        1: the run's ``σ²``). Kept apart from ``noise_var`` so that a stored
+        likelihood can be refitted under another rule.
     """
 
     r: np.ndarray
@@ -285,6 +290,7 @@ class HeldoutLikelihood:
     image: np.ndarray | None = None
     out_mask: np.ndarray | None = None
     correlation_length: float = 0.0
+    noise_scale: float = 1.0
 
     def _factor(self, v):
         """``(summed nll, Cholesky factor, α = M⁻¹ r)`` at the variances ``v = (t0², s1²)``.
@@ -292,10 +298,11 @@ class HeldoutLikelihood:
         ``None`` where ``M`` is not positive definite.
         """
         M = torch.as_tensor(self.M_post + v[0] * self.M_const + v[1] * self.M_edge)
+        noise = self.noise_var * self.noise_scale
         if self.ray_variance is None:
-            M.diagonal().add_(self.noise_var)
+            M.diagonal().add_(noise)
         else:
-            M.diagonal().add_(self.noise_var * torch.as_tensor(self.ray_variance))
+            M.diagonal().add_(noise * torch.as_tensor(self.ray_variance))
         L, info = torch.linalg.cholesky_ex(M)
         if int(info) != 0:
             return None
@@ -427,7 +434,6 @@ class HeldoutLikelihood:
             If the likelihood has no ``image`` or ``out_mask`` (stored before
             they were kept), or ``op`` selects other measurements.
         """
-        import dataclasses
 
         if self.image is None or self.out_mask is None:
             raise InputError("this held-out likelihood was stored without its image and "
@@ -448,7 +454,8 @@ class HeldoutLikelihood:
         out = {"r": self.r, "M_post": self.M_post, "M_const": self.M_const,
                "M_edge": self.M_edge, "noise_var": np.float64(self.noise_var),
                "heldout_angles": np.int64(self.heldout_angles),
-               "correlation_length": np.float64(self.correlation_length)}
+               "correlation_length": np.float64(self.correlation_length),
+               "noise_scale": np.float64(self.noise_scale)}
         for key in ("ray_variance", "image", "out_mask"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -464,7 +471,8 @@ class HeldoutLikelihood:
                    float(arrays["noise_var"]), int(arrays["heldout_angles"]),
                    optional("ray_variance", np.float64), optional("image", np.float32),
                    optional("out_mask", bool),
-                   float(arrays["correlation_length"]) if "correlation_length" in arrays else 0.0)
+                   float(arrays["correlation_length"]) if "correlation_length" in arrays else 0.0,
+                   float(arrays["noise_scale"]) if "noise_scale" in arrays else 1.0)
 
 
 def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
@@ -567,7 +575,8 @@ def _edge_feature(image) -> np.ndarray:
 def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
                 max_rows: int = 2048, seed: int = 0, prior: ModelErrorCoefficients | None = None,
                 prior_width: float = 1.0, ray_variance=None, correlation_length: float = 0.0,
-                keep: list | None = None, floor: bool = False) -> ModelErrorCoefficients:
+                keep: list | None = None, floor: bool = False,
+                noise_scale: float = 1.0) -> ModelErrorCoefficients:
     """Coefficients from the likelihood of held-out projections (the held-out term).
 
     :func:`heldout_likelihood` followed by :meth:`HeldoutLikelihood.fit`:
@@ -590,6 +599,9 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
     floor : bool, optional
         With ``prior``, the calibration is also a lower bound
         (:meth:`HeldoutLikelihood.fit`). Default False.
+    noise_scale : float, optional
+        ``k``: the residuals are read with the noise variance ``k·noise_var``
+        (:attr:`HeldoutLikelihood.noise_scale`). Default 1.
     keep : list, optional
         The :class:`HeldoutLikelihood` is appended to it, so that the very
         likelihood a run judged its image with can be refitted later (tuning
@@ -603,6 +615,7 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
     lik = heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var,
                              max_rows=max_rows, seed=seed, ray_variance=ray_variance,
                              correlation_length=correlation_length)
+    lik = dataclasses.replace(lik, noise_scale=float(noise_scale))
     if keep is not None:
         keep.append(lik)
     return lik.fit(prior, prior_width, floor=floor)

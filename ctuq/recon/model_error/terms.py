@@ -341,10 +341,10 @@ class HeldoutTerm(ModelErrorTerm):
         excess = None if record is None else float(record["chi2_dof"])
         scale = heldout_noise_scale(s.heldout_noise, record)
         coeffs = fit_heldout(problem.op, problem.y, mask, x_in.cpu(),
-                             var_post, noise_var * scale, prior=self.calibration,
+                             var_post, noise_var, prior=self.calibration,
                              prior_width=s.heldout_prior_width, ray_variance=v,
                              correlation_length=s.heldout_correlation_length,
-                             floor=floor_applies(rule, excess))
+                             floor=floor_applies(rule, excess), noise_scale=scale)
         coeffs.info.update(noise_rule=s.heldout_noise, noise_scale=scale)
         if self.calibration is not None:
             coeffs.info["prior"].update({"from": self.source, "floor_rule": rule,
