@@ -76,20 +76,24 @@ def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
     cal_file = tmp_path / "cal" / f"{preset}.json"
     tuned = tune_prior_width([row], tmp_path / "arrays", cal_file, [float("inf"), 0.5],
                              calibration_floor=True, excess_thresholds=[0.0, 1e9],
-                             noise_rules=["residual"])
+                             noise_rules=["residual", "given"])
     (fit,) = tuned["cases"]
     assert fit["inf"]["t0"] == pytest.approx(row["coefficients"]["heldout_mle"]["t0"], abs=1e-6)
     assert fit["inf"]["s1"] == pytest.approx(row["coefficients"]["heldout_mle"]["s1"], abs=1e-6)
     # the calibration as a lower bound: a candidate of the rule beside the widths
     assert tuned["candidates"] == ["inf", "0.5", "0.5 floor", "0.5 auto 0", "0.5 auto 1e+09",
-                                   "0.5 residual", "0.5 auto 0 residual",
-                                   "0.5 auto 1e+09 residual"]
-    # the residual noise rule: σ² scaled by the excess of a fit the check accepts, else kept
+                                   "0.5 residual", "0.5 given", "0.5 auto 0 residual",
+                                   "0.5 auto 1e+09 residual", "0.5 auto 0 given",
+                                   "0.5 auto 1e+09 given"]
+    # the noise rules: σ² scaled by the excess of a fit the check accepts (the run's own
+    # rule, 'residual', so the same as the kept likelihood as it is), or the run's σ²
     from ctuq.recon.model_error.terms import heldout_noise_scale
 
     scale = heldout_noise_scale("residual", {"chi2_dof": fit["fit_excess"],
                                              "verdict": fit["verdict"]})
-    same = [fit["0.5 residual"][k] == fit["0.5"][k] for k in ("t0", "s1")]
+    assert row["coefficients"]["heldout"]["noise_scale"] == pytest.approx(scale, rel=1e-4)
+    assert all(fit["0.5 residual"][k] == fit["0.5"][k] for k in ("t0", "s1"))
+    same = [fit["0.5 given"][k] == fit["0.5"][k] for k in ("t0", "s1")]
     assert all(same) if scale == 1.0 else not all(same)
     # the run's recorded excess is the one measured again on the scan simulated anew
     from ctuq.bench.tuning import row_fit_excess

@@ -198,9 +198,9 @@ def result_methods(result, truth, calibration=None, suffix: str = "") -> dict:
     dict
         ``methods`` (name → :func:`ctuq.bench.scores.score` dict),
         ``coefficients`` (name → ``{'t0', 's1'}``; the held-out fit's also
-        ``floor`` and ``fit_excess`` when it had a calibration) and ``times_s`` (name →
-        seconds of the stages that method needs, DIP fit included; and
-        ``dip``, ``heldout_fit``).
+        ``floor`` and ``fit_excess`` when it had a calibration, and ``noise_scale``)
+        and ``times_s`` (name → seconds of the stages that method needs, DIP fit
+        included; and ``dip``, ``heldout_fit``).
     """
     from ctuq.recon.model_error import ModelErrorCoefficients
 
@@ -221,7 +221,10 @@ def result_methods(result, truth, calibration=None, suffix: str = "") -> dict:
     prior = fitted.get("info", {}).get("prior") or {}
     coefficients = {"heldout": {"t0": fitted["t0"], "s1": fitted["s1"],
                                 # whether the calibration bounded the fit, and what decided it
-                                **{k: prior[k] for k in ("floor", "fit_excess") if k in prior}},
+                                **{k: prior[k] for k in ("floor", "fit_excess") if k in prior},
+                                # the factor on σ² the held-out residuals were read with
+                                **{k: v for k, v in fitted.get("info", {}).items()
+                                   if k == "noise_scale"}},
                     "heldout_mle": {"t0": co_mle.t0, "s1": co_mle.s1}}
     if calibration is not None:
         for name in (CALIBRATED, CONFORMAL):
