@@ -93,8 +93,10 @@ def test_short_heldout_fit_runs_its_share_and_never_sees_the_held_out_rows(monke
         return original(y, op, config, **kw)
 
     var = torch.full((16, 16), 1e-4, dtype=torch.float64)
+    # the noise as given: a bare problem has no noise model for the fit's excess
     term = HeldoutTerm(UncertaintyConfig(heldout_iterations=0.5, heldout_every=4,
-                                         heldout_min_out=0, heldout_prior_width=0), "x")
+                                         heldout_min_out=0, heldout_prior_width=0,
+                                         heldout_noise="given"), "x")
     noise = SimpleNamespace(ray_variance=None)  # the scalar noise model
     problem = SimpleNamespace(y=toy.y, op=toy.op, noise=noise)
     monkeypatch.setattr(dip_module, "fit_dip", watched)
@@ -124,7 +126,7 @@ def test_dip_from_heldout_continues_from_the_held_out_fit_which_never_saw_its_ro
     toy = toy_problem(16, 12, fit_steps=30)
     cfg = DIPConfig.for_image_size(16, iterations=20, progress_every=10**6, device="cpu")
     unc = UncertaintyConfig(dip_from_heldout=0.25, heldout_every=4, heldout_min_out=0,
-                            heldout_prior_width=0)
+                            heldout_prior_width=0, heldout_noise="given")
     calls = []
     original = dip_module.fit_dip
 

@@ -107,11 +107,11 @@ def heldout_noise_scale(choice: str, record: dict | None) -> float:
     (``record['chi2_dof']``, :func:`fit_record`) where it is above 1 and the consistency
     check accepts the fit (that record's verdict: the run's noise model, every ray a
     degree of freedom; the result's own check also counts the fit's effective
-    parameters, so it can flag a borderline fit this one accepts): the part of the data that no image explains (photon noise
-    heavier than its estimate on dense rays, a scan discretised otherwise than the
-    projector) is on the held-out rays too and is read there as noise, not as
-    pixel error. A fit the check flags (``verdict != 'ok'``: a wrong geometry) keeps 1,
-    so that its held-out residuals still widen the interval.
+    parameters, so it can flag a borderline fit this one accepts): the part of the data
+    that no image explains (photon noise heavier than its estimate on dense rays, a scan
+    discretised otherwise than the projector) is on the held-out rays too and is read
+    there as noise, not as pixel error. A fit the check flags (``verdict != 'ok'``: a
+    wrong geometry) keeps 1, so that its held-out residuals still widen the interval.
     """
     if choice not in HELDOUT_NOISE_CHOICES:
         raise InputError(f"must be one of {', '.join(HELDOUT_NOISE_CHOICES)}, got {choice!r}",
