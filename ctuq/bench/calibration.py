@@ -210,7 +210,8 @@ def result_methods(result, truth, calibration=None, suffix: str = "") -> dict:
     x_hat = np.asarray(result.reconstruction)
     var_post = torch.as_tensor(np.asarray(result.posterior_std), dtype=torch.float64).square()
     fitted = cfg["model_error"]
-    mle = fitted.get("info", {}).get("mle") or fitted  # no prior: the fit is the MLE
+    info = fitted.get("info", {})
+    mle = info.get("mle") or fitted  # no prior: the fit is the MLE
     co_mle = ModelErrorCoefficients(mle["t0"], mle["s1"], HELDOUT)
     methods = {
         "posterior": {**score(truth, x_hat, result.posterior_std),
@@ -218,13 +219,12 @@ def result_methods(result, truth, calibration=None, suffix: str = "") -> dict:
         "heldout": score(truth, x_hat, result.std),
         "heldout_mle": score(truth, x_hat, total_variance(HELDOUT, x_hat, var_post,
                                                           co_mle).sqrt())}
-    prior = fitted.get("info", {}).get("prior") or {}
+    prior = info.get("prior") or {}
     coefficients = {"heldout": {"t0": fitted["t0"], "s1": fitted["s1"],
                                 # whether the calibration bounded the fit, and what decided it
                                 **{k: prior[k] for k in ("floor", "fit_excess") if k in prior},
                                 # the factor on σ² the held-out residuals were read with
-                                **{k: v for k, v in fitted.get("info", {}).items()
-                                   if k == "noise_scale"}},
+                                **{k: info[k] for k in ("noise_scale",) if k in info}},
                     "heldout_mle": {"t0": co_mle.t0, "s1": co_mle.s1}}
     if calibration is not None:
         for name in (CALIBRATED, CONFORMAL):

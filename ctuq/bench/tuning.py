@@ -146,15 +146,16 @@ def row_fit_record(row: dict, x_hat) -> dict:
                       / problem.scale)
 
 
-def row_fit_excess(row: dict, x_hat) -> float:
-    """The fit's excess (:func:`~ctuq.recon.model_error.terms.fit_excess`) of a benchmark
-    row's image ``x_hat`` ``(H, W)``: the row's own record where it has one, else
+def row_fit_excess(row: dict, x_hat, record: dict | None = None) -> float:
+    """The fit's excess (``chi2_dof`` of :func:`~ctuq.recon.model_error.terms.fit_record`)
+    of a benchmark row's image ``x_hat`` ``(H, W)``: the row's own record where it has
+    one, else that of ``record`` (:func:`row_fit_record`, when already made), else
     measured on the case's scan simulated again (a realistic one on the centre that
     ``center_offset = 'auto'`` estimates, as the benchmark ran it)."""
     stored = ((row.get("coefficients") or {}).get(HELDOUT) or {}).get("fit_excess")
     if stored is not None:
         return float(stored)
-    return float(row_fit_record(row, x_hat)["chi2_dof"])
+    return float((record or row_fit_record(row, x_hat))["chi2_dof"])
 
 
 def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
@@ -216,10 +217,11 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
             continue
         lik, truth, x_hat, var_post = kept
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
+        record = row_fit_record(r, x_hat) if noise_rules else None  # the verdict too
         if excess_thresholds or noise_rules:
-            row["fit_excess"] = row_fit_excess(r, x_hat)
-        if noise_rules:
-            row["verdict"] = row_fit_record(r, x_hat)["verdict"]
+            row["fit_excess"] = row_fit_excess(r, x_hat, record)
+        if record is not None:
+            row["verdict"] = record["verdict"]
         mle = lik.fit()
         candidates = {str(w): mle if math.isinf(w) else lik.fit(prior, w, mle=mle)
                       for w in widths}

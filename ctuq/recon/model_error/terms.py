@@ -63,7 +63,7 @@ from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT, NONE
 __all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
            "CalibratedTerm", "ConformalTerm", "MODEL_ERROR_TERMS", "METHODS",
            "make_model_error", "coefficients_for", "heldout_prior", "shown_image",
-           "FLOOR_CHOICES", "FLOOR_EXCESS", "fit_excess", "fit_record", "floor_applies",
+           "FLOOR_CHOICES", "FLOOR_EXCESS", "fit_record", "floor_applies",
            "HELDOUT_NOISE_CHOICES", "heldout_noise_scale"]
 
 #: ``heldout_calibration_floor``: when the calibration is a lower bound of the held-out fit.
@@ -88,12 +88,6 @@ def fit_record(problem, image) -> dict:
     record, _ = check_consistency(problem.y, problem.op, image, problem.noise.variance, {},
                                   noise=problem.noise)
     return record
-
-
-def fit_excess(problem, image) -> float:
-    """Mean squared whitened residual ``Σ r² / m`` of ``image`` over all ``m`` rays
-    (:func:`fit_record`'s ``chi2_dof``)."""
-    return float(fit_record(problem, image)["chi2_dof"])
 
 
 #: ``heldout_noise``: the noise variance the held-out likelihood reads its residuals with.
@@ -123,7 +117,7 @@ def heldout_noise_scale(choice: str, record: dict | None) -> float:
 
 def floor_applies(choice: str, excess: float | None, threshold: float = FLOOR_EXCESS) -> bool:
     """Whether ``heldout_calibration_floor = choice`` floors a fit of ``excess``
-    (:func:`fit_excess`; only ``'auto'`` reads it, against ``threshold``, which
+    (``chi2_dof`` of :func:`fit_record`; only ``'auto'`` reads it, against ``threshold``, which
     tuning varies)."""
     if choice not in FLOOR_CHOICES:
         raise InputError(f"must be one of {', '.join(FLOOR_CHOICES)}, got {choice!r}",
