@@ -477,7 +477,8 @@ class HeldoutLikelihood:
 
 def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
                        max_rows: int = 2048, seed: int = 0, ray_variance=None,
-                       correlation_length: float = 0.0) -> HeldoutLikelihood:
+                       correlation_length: float = 0.0,
+                       noise_scale: float = 1.0) -> HeldoutLikelihood:
     """The likelihood of the held-out projections given ``(t0, s1)``.
 
     The left-out measurements ``y_out`` of a DIP fit ``x̂_in`` on the other
@@ -517,6 +518,9 @@ def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var:
         Default 0 (independent pixels; on the realistic validation scans a
         larger length mainly shrank the coefficients toward the prior,
         docs/real_scans.md).
+    noise_scale : float, optional
+        ``k``: the residuals are read with the noise variance ``k·noise_var``
+        (:attr:`HeldoutLikelihood.noise_scale`). Default 1.
 
     Returns
     -------
@@ -535,7 +539,7 @@ def heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var:
     return HeldoutLikelihood(r_all[rows], _gram(B, vp),
                              *_model_error_grams(B, x_hat_in, vp.mean(), correlation_length),
                              float(noise_var), int(out_mask.sum()), v_out, image, out_mask,
-                             float(correlation_length))
+                             float(correlation_length), float(noise_scale))
 
 
 def _heldout_rows(op, out_mask, max_rows: int, seed: int):
@@ -599,9 +603,8 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
     floor : bool, optional
         With ``prior``, the calibration is also a lower bound
         (:meth:`HeldoutLikelihood.fit`). Default False.
-    noise_scale : float, optional
-        ``k``: the residuals are read with the noise variance ``k·noise_var``
-        (:attr:`HeldoutLikelihood.noise_scale`). Default 1.
+    noise_scale
+        As :func:`heldout_likelihood`.
     keep : list, optional
         The :class:`HeldoutLikelihood` is appended to it, so that the very
         likelihood a run judged its image with can be refitted later (tuning
@@ -614,8 +617,7 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
     """
     lik = heldout_likelihood(op, y, out_mask, x_hat_in, posterior_variance, noise_var,
                              max_rows=max_rows, seed=seed, ray_variance=ray_variance,
-                             correlation_length=correlation_length)
-    lik = dataclasses.replace(lik, noise_scale=float(noise_scale))
+                             correlation_length=correlation_length, noise_scale=noise_scale)
     if keep is not None:
         keep.append(lik)
     return lik.fit(prior, prior_width, floor=floor)
