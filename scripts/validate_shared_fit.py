@@ -140,6 +140,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     done = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     if args.summary:
+        if not done:
+            print(f"error: {out}: no rows to summarise", file=sys.stderr)
+            return 2
         print(json.dumps(summary(done), indent=1))
         return 0
     torch.set_num_threads(args.threads)

@@ -53,3 +53,9 @@ def test_summary_mode_reads_the_rows_file(script, tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["by_condition"]["all"]["fits"] == 2
     assert doc["by_condition"]["all"]["shared_0.5"]["minus_reference"] == pytest.approx(0.5)
+
+
+def test_summary_of_no_rows_is_one_clear_error(script, tmp_path, capsys):
+    assert script.main(["--out", str(tmp_path / "none.jsonl"), "--summary"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "none.jsonl" in err
