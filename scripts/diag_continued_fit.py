@@ -20,16 +20,15 @@ import argparse
 import json
 import sys
 
-import numpy as np
 import torch
-from skimage.metrics import peak_signal_noise_ratio
 
 from ctuq.bench.cases import _case, simulate
+from ctuq.bench.dip_vs_tv import fitted_data
 from ctuq.recon.config import UncertaintyConfig
 from ctuq.recon.dip import DIPConfig, fit_dip
 from ctuq.recon.model_error.heldout import heldout_fit
 from ctuq.recon.model_error.shared import continued_config
-from ctuq.recon.scaling import data_scale
+from ctuq.recon.predictive import psnr as image_psnr
 
 SCANS = (("digits", 0), ("rectangles", 0), ("ellipses", 0))
 
@@ -37,15 +36,12 @@ SCANS = (("digits", 0), ("rectangles", 0), ("ellipses", 0))
 def one_scan(family: str, index: int, size: int, n_angles: int, noise: float) -> dict:
     """The PSNR of every fit of one validation scan (see the module docstring)."""
     sc = simulate(_case("validation", family, index, size, n_angles, noise))
-    y = torch.as_tensor(np.asarray(sc.y), dtype=torch.float32)
-    s = data_scale(y, sc.op)
-    y, truth, sigma = y / s, np.asarray(sc.truth) / s, float(sc.sigma) / s
+    scale, y, sigma = fitted_data(sc)  # the data as ctuq.reconstruct fits them
     cfg = DIPConfig.for_image_size((size, size), progress_every=10**6)
     unc = UncertaintyConfig()
 
     def psnr(fit) -> float:
-        image = fit.reconstruction.detach().numpy().reshape(size, size)
-        return float(peak_signal_noise_ratio(truth, image, data_range=truth.max() - truth.min()))
+        return image_psnr(sc.truth, fit.reconstruction.detach().reshape(size, size) * scale)
 
     row = {"case": f"{family}/{index}",
            "reference": psnr(fit_dip(y, sc.op, cfg, noise_std=sigma))}

@@ -33,15 +33,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from skimage.metrics import peak_signal_noise_ratio
 
 from ctuq.bench.cases import _case, simulate
+from ctuq.bench.dip_vs_tv import fitted_data
 from ctuq.data.splits import FAMILIES
 from ctuq.recon.config import UncertaintyConfig
 from ctuq.recon.dip import DIPConfig, fit_dip
 from ctuq.recon.model_error.heldout import heldout_fit
 from ctuq.recon.model_error.shared import continued_config
-from ctuq.recon.scaling import data_scale
+from ctuq.recon.predictive import psnr as image_psnr
 
 
 def one_scan(split: str, family: str, index: int, size: int, n_angles: int, noise: float,
@@ -49,15 +49,12 @@ def one_scan(split: str, family: str, index: int, size: int, n_angles: int, nois
     """PSNR and seconds of the reference, the held-out fit and its continuations."""
     case = _case(split, family, index, size, n_angles, noise)
     sc = simulate(case)
-    y = torch.as_tensor(np.asarray(sc.y), dtype=torch.float32)
-    s = data_scale(y, sc.op)
-    y, truth, sigma = y / s, np.asarray(sc.truth) / s, float(sc.sigma) / s
+    scale, y, sigma = fitted_data(sc)  # the data as ctuq.reconstruct fits them
     cfg = DIPConfig.for_image_size((size, size), progress_every=10**6).with_(seed=seed)
     unc = UncertaintyConfig()
 
     def psnr(fit) -> float:
-        image = fit.reconstruction.detach().numpy().reshape(size, size)
-        return float(peak_signal_noise_ratio(truth, image, data_range=truth.max() - truth.min()))
+        return image_psnr(sc.truth, fit.reconstruction.detach().reshape(size, size) * scale)
 
     def timed(fn):
         t0 = time.perf_counter()
@@ -81,27 +78,19 @@ def one_scan(split: str, family: str, index: int, size: int, n_angles: int, nois
 def summary(rows: list[dict]) -> dict:
     """Means per variant and condition, the paired differences and the seed spread."""
     variants = [k for k in rows[0]["psnr"] if k.startswith("shared_")]
-    by_cond: dict[str, list[dict]] = {}
-    for r in rows:
-        by_cond.setdefault(r["condition"], []).append(r)
-    by_cond["all"] = rows
 
     def stats(rs):
         ref = np.array([r["psnr"]["reference"] for r in rs])
         out = {"fits": len(rs), "reference": float(ref.mean()),
                "heldout": float(np.mean([r["psnr"]["heldout"] for r in rs]))}
         # the spread of the reference over seeds, per scan: the noise a difference is read against
-        spread = {}
-        for r in rs:
-            spread.setdefault(r["case"], []).append(r["psnr"]["reference"])
-        sds = [float(np.std(v, ddof=1)) for v in spread.values() if len(v) > 1]
+        sds = [float(np.std([r["psnr"]["reference"] for r in fits], ddof=1))
+               for fits in _grouped(rs, "case").values() if len(fits) > 1]
         out["reference_seed_sd"] = float(np.mean(sds)) if sds else None
         for v in variants:
             d = np.array([r["psnr"][v] for r in rs]) - ref
-            per_scan = {}
-            for r, di in zip(rs, d):
-                per_scan.setdefault(r["case"], []).append(float(di))
-            scan_means = np.array([np.mean(x) for x in per_scan.values()])
+            scan_means = np.array([np.mean([r["psnr"][v] - r["psnr"]["reference"] for r in fits])
+                                   for fits in _grouped(rs, "case").values()])
             out[v] = {"psnr": float(np.mean([r["psnr"][v] for r in rs])),
                       "minus_reference": float(d.mean()),
                       "minus_reference_min": float(d.min()),
@@ -116,11 +105,18 @@ def summary(rows: list[dict]) -> dict:
                            / (r["seconds"]["reference"] + r["seconds"]["heldout"]) for r in rs]))}
         return out
 
-    fams = {}
+    by_condition = {**_grouped(rows, "condition"), "all": rows}
+    return {"split": rows[0]["case"].split("/")[0],
+            "by_condition": {c: stats(rs) for c, rs in by_condition.items()},
+            "by_family": {f: stats(rs) for f, rs in _grouped(rows, "family").items()}}
+
+
+def _grouped(rows: list[dict], key: str) -> dict[str, list[dict]]:
+    """The rows by their value of ``key``, in first-seen order."""
+    out: dict[str, list[dict]] = {}
     for r in rows:
-        fams.setdefault(r["family"], []).append(r)
-    return {"split": rows[0]["case"].split("/")[0], "by_condition": {c: stats(rs) for c, rs in by_cond.items()},
-            "by_family": {f: stats(rs) for f, rs in fams.items()}}
+        out.setdefault(r[key], []).append(r)
+    return out
 
 
 def main(argv=None) -> int:
