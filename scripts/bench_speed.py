@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=None,
                     help="--compare: JSON {name: settings}; default the speed variants")
     ap.add_argument("--cases", type=int, default=3, help="--compare: validation scans")
+    ap.add_argument("--share-dip", action="store_true",
+                    help="--compare: fit each scan's DIP once (first variant) and give the "
+                         "other variants its fits (variants of the uncertainty stage only)")
     ap.add_argument("--angles", type=int, default=60, help="--compare: the scans' angles")
     ap.add_argument("--noise", type=float, default=0.05,
                     help="--compare: the scans' relative noise level")
@@ -60,7 +63,7 @@ def main(argv=None) -> int:
     if args.compare:
         variants = json.loads(args.variants) if args.variants else SPEED_VARIANTS
         doc = compare_settings(variants, sizes, validation_scans(args.cases, args.angles, args.noise),
-                               base=settings)
+                               base=settings, share_dip=args.share_dip)
     else:
         demo_args = {k: v for k, v in (("size", args.demo_size), ("angles", args.demo_angles))
                      if v is not None}

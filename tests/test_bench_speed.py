@@ -59,6 +59,24 @@ def test_one_run_reports_the_provenance_stages():
     assert 0 <= row["coverage_2sigma"] <= 1 and row["mean_std"] > 0
 
 
+def test_shared_dip_fits_replay_the_recorded_fits(tmp_path):
+    """compare --share-dip: a later variant gets the first one's DIP fits, so the same
+    settings give the same numbers and the DIP stage is not run again."""
+    from ctuq.bench.speed import one_run
+
+    fits = {"path": str(tmp_path / "fits.pt")}
+    first = one_run(16, TINY, scan={"n_angles": 12}, threads=1,
+                    dip_fits={**fits, "record": True})
+    again = one_run(16, TINY, scan={"n_angles": 12}, threads=1,
+                    dip_fits={**fits, "record": False})
+    assert again["psnr"] == first["psnr"] and again["mean_std"] == first["mean_std"]
+    assert again["stages"]["seconds"]["dip"] < first["stages"]["seconds"]["dip"]
+    assert first["precond_ranks"] and set(first["precond_ranks"]) == {5}
+    fewer = one_run(16, {**TINY, "uncertainty": {**TINY["uncertainty"], "predictive_samples": 2}},
+                    scan={"n_angles": 12}, threads=1, dip_fits={**fits, "record": False})
+    assert fewer["psnr"] == first["psnr"] and fewer["mean_std"] != first["mean_std"]
+
+
 @pytest.mark.slow
 def test_script_at_16_pixels_gives_one_json_document():
     out = subprocess.run([sys.executable, str(SCRIPT), "--sizes", "16", "--settings",

@@ -167,6 +167,74 @@ def test_nystrom_captures_the_spectrum(exact):
     assert torch.all(pc.eigvals <= ev[:50] * (1 + 1e-4) + 1e-6 * ev[0])
 
 
+def _low_rank_psd(d: int, rank: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    Q = torch.linalg.qr(torch.randn(d, rank, generator=gen, dtype=D64)).Q
+    return Q @ torch.diag(torch.logspace(3, 0, rank, dtype=D64)) @ Q.t()
+
+
+@pytest.mark.parametrize("power_iters", [0, 1, 2])
+def test_a_grown_nystrom_sketch_is_exact_once_its_test_space_holds_the_range(power_iters):
+    """Rank 8 → 16 → 32 on a rank-30 P: the grown sketch reproduces P, and its products
+    are those of a direct build at rank 32 (the first ones are kept, not redone)."""
+    P = _low_rank_psd(120, 30)
+    rows = []
+
+    def apply_P(X):
+        rows.append(X.shape[0])
+        return X @ P
+
+    pc = NystromPreconditioner.build(apply_P, 120, 8, oversample=2, power_iters=power_iters,
+                                     generator=torch.Generator().manual_seed(1),
+                                     dtype=D64, max_rank=64, max_ratio=1.0, noise_var=1e-6)
+    assert pc.rank == 32 and sum(rows) == (power_iters + 1) * (32 + 2)
+    approx = pc.U @ torch.diag(pc.eigvals) @ pc.U.t()
+    assert float((approx - P).norm() / P.norm()) < 1e-8
+    torch.testing.assert_close(pc.eigvals[:30], torch.logspace(3, 0, 30, dtype=D64))
+    assert pc.ratio(1e-6) <= 1.0
+    # a fixed-rank build of the same directions is the classic one: rank 8, inexact
+    fixed = NystromPreconditioner.build(apply_P, 120, 8, oversample=2,
+                                        power_iters=power_iters, dtype=D64,
+                                        generator=torch.Generator().manual_seed(1))
+    assert fixed.rank == 8 and fixed.sketch is None
+    torch.testing.assert_close(fixed.eigvals, NystromPreconditioner.build(
+        apply_P, 120, 8, oversample=2, power_iters=power_iters, dtype=D64, max_rank=64,
+        max_ratio=1e9, noise_var=1.0, generator=torch.Generator().manual_seed(1)).eigvals,
+        rtol=0, atol=0)
+
+
+def test_the_adaptive_rank_stops_at_its_ratio_or_its_cap():
+    P = _low_rank_psd(120, 60)
+    kw = dict(oversample=2, dtype=D64, generator=torch.Generator().manual_seed(2))
+    loud = NystromPreconditioner.build(lambda X: X @ P, 120, 8, max_rank=64, max_ratio=10.0,
+                                       noise_var=20.0, **kw)  # λ_8/σ² ≈ 22, λ_16/σ² ≈ 8.7
+    assert loud.rank == 16 and loud.ratio(20.0) <= 10.0 < loud.eigvals[7] / 20.0
+    capped = NystromPreconditioner.build(lambda X: X @ P, 120, 8, max_rank=20,
+                                         max_ratio=1.0, noise_var=1e-6, **kw)
+    assert capped.rank == 20 and capped.ratio(1e-6) > 1.0
+    # pickled (a checkpoint), the factors stay and the sketch, with its operator, goes
+    import pickle
+
+    back = pickle.loads(pickle.dumps(capped))
+    assert back.sketch is None and torch.equal(back.U, capped.U)
+
+
+def test_the_adaptive_rank_changes_the_cost_not_the_samples(lik, problem, lin, prior):
+    """The same draws solved to the same tolerance: the rank buys iterations, nothing else."""
+    s2 = problem.noise_std**2
+    kw = dict(tol=1e-4, generator=torch.Generator().manual_seed(4))
+    fixed = sample_posterior(lik, prior, s2, 4, precond_rank=200, **kw)
+    kw["generator"] = torch.Generator().manual_seed(4)
+    grown = sample_posterior(lik, prior, s2, 4, precond_rank=10, precond_max_rank=400,
+                             precond_max_ratio=30.0, **kw)
+    assert fixed.info["converged"] and grown.info["converged"]
+    assert 10 < grown.info["precond_rank"] <= 400
+    assert grown.info["precond_ratio"] <= 30.0 or grown.info["precond_rank"] == 400
+    assert torch.equal(grown.state.base_u, fixed.state.base_u)
+    for a, b in ((grown.theta_star, fixed.theta_star), (grown.z, fixed.z)):
+        assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2
+
+
 def test_batched_cg_on_a_dense_system():
     gen = torch.Generator().manual_seed(0)
     Q = torch.linalg.qr(torch.randn(60, 60, generator=gen, dtype=D64)).Q

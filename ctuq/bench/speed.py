@@ -27,6 +27,7 @@ threads raise the load average, so the load alone cannot tell.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -133,7 +134,8 @@ def _load() -> list[float] | None:
 
 
 def one_run(size: int, settings: dict | None = None, scan: dict | None = None,
-            threads: int | None = None, mc: bool = False) -> dict:
+            threads: int | None = None, mc: bool = False,
+            dip_fits: dict | None = None) -> dict:
     """One reconstruction in this process, timed.
 
     Parameters
@@ -152,6 +154,10 @@ def one_run(size: int, settings: dict | None = None, scan: dict | None = None,
         numbers are computed) and add :func:`mc_summary` (the Monte-Carlo
         error of the mean std, and the std from the first half of the
         samples). Default False.
+    dip_fits : dict, optional
+        ``{"path": ..., "record": bool}``: save this run's DIP fits to
+        ``path`` (``record``) or take them from there instead of fitting
+        (:class:`_SharedDIPFits`; ``compare_settings(share_dip=True)``).
 
     Returns
     -------
@@ -182,7 +188,8 @@ def one_run(size: int, settings: dict | None = None, scan: dict | None = None,
         torch.cuda.reset_peak_memory_stats()
     load_before = _load()
     t0 = time.perf_counter()
-    res = ctuq.reconstruct(data, cfg)
+    with _SharedDIPFits(**dip_fits) if dip_fits else contextlib.nullcontext():
+        res = ctuq.reconstruct(data, cfg)
     wall = time.perf_counter() - t0
     gpu = {}
     if cuda:
@@ -202,6 +209,8 @@ def one_run(size: int, settings: dict | None = None, scan: dict | None = None,
             "coverage_2sigma": float(m["coverage_2sigma"]), "psnr": float(m["psnr"]),
             "coverage_1sigma": float(m["coverage_1sigma"]) if "coverage_1sigma" in m else None,
             "em_steps": (res.hyperparameters or {}).get("em_steps"),
+            "precond_ranks": [t.get("precond_rank") for t in res.em_trace],
+            "solver_iterations": [t.get("solver_iterations") for t in res.em_trace],
             "load_before": load_before, "load_after": _load(), **gpu,
             **({"mc": mc_summary(res)} if mc else {})}
 
@@ -352,8 +361,43 @@ def side_by_side(size: int, settings: dict | None = None, copies: int = 2) -> di
             "slowdown": max(r["wall_s"] for r in together) / alone["wall_s"]}
 
 
+class _SharedDIPFits:
+    """``ctuq.recon.dip.fit_dip`` while the block runs: with ``record``, every fit is
+    made and the list is saved to ``path`` at the end; otherwise the fits are read
+    back from ``path`` in the order they were made (the run's settings of the DIP
+    must be those of the recording run)."""
+
+    def __init__(self, path, record: bool):
+        self.path, self.record, self.kept = Path(path), bool(record), []
+
+    def __enter__(self):
+        import torch
+
+        import ctuq.recon.dip as dip
+
+        self.module, self.fit = dip, dip.fit_dip
+        if not self.record:
+            self.kept = list(torch.load(self.path, weights_only=False))
+
+        def fit_dip(*args, **kwargs):
+            if self.record:
+                self.kept.append(self.fit(*args, **kwargs))
+                return self.kept[-1]
+            return self.kept.pop(0)
+
+        dip.fit_dip = fit_dip
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        self.module.fit_dip = self.fit
+        if self.record and exc[0] is None:
+            torch.save(self.kept, self.path)
+
+
 def compare_settings(variants: dict[str, dict], sizes, cases: list[dict],
-                     base: dict | None = None) -> dict:
+                     base: dict | None = None, share_dip: bool = False) -> dict:
     """Seconds per stage, mean std and ±2σ coverage of each setting variant, per scan.
 
     Parameters
@@ -367,6 +411,11 @@ def compare_settings(variants: dict[str, dict], sizes, cases: list[dict],
         the validation split for any choice of settings.
     base : dict, optional
         Settings every variant starts from.
+    share_dip : bool
+        Fit the DIP (and the held-out fit) of a scan once, in the first
+        variant, and hand the later variants copies: for variants of the
+        uncertainty stage only (their ``dip`` stage seconds and ``wall_s``
+        then leave the fits out). Default False.
 
     Returns
     -------
@@ -380,13 +429,17 @@ def compare_settings(variants: dict[str, dict], sizes, cases: list[dict],
 
     rows, summary = [], {}
     names = list(variants)
+    fits = tempfile.TemporaryDirectory(prefix="ctuq-fits-") if share_dip else None
     for size in sizes:
         per = {name: [] for name in names}
         for sc in cases:
             for name in names:
-                row = in_process({"kind": "run", "args": {
-                    "size": int(size), "scan": sc, "mc": True,
-                    "settings": merge_settings(base or {}, variants[name])}})
+                args = {"size": int(size), "scan": sc, "mc": True,
+                        "settings": merge_settings(base or {}, variants[name])}
+                if fits is not None:
+                    args["dip_fits"] = {"path": str(Path(fits.name) / "fits.pt"),
+                                        "record": name == names[0]}
+                row = in_process({"kind": "run", "args": args})
                 row["variant"] = name
                 rows.append(row)
                 per[name].append(row)
@@ -416,8 +469,10 @@ def compare_settings(variants: dict[str, dict], sizes, cases: list[dict],
                 "psnr_change_db_range": [float(f(r["psnr"] - a["psnr"] for a, r in zip(ref, rs)))
                                          for f in (min, max)],
                 "em_steps": [r["em_steps"] for r in rs]}
+    if fits is not None:
+        fits.cleanup()
     return {"variants": variants, "base": base or {}, "cases": cases, "runs": rows,
-            "summary": summary}
+            "summary": summary, "share_dip": bool(share_dip)}
 
 
 def speed_benchmark(sizes=(64, 128), *, settings: dict | None = None, demo: bool = True,

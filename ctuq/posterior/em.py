@@ -459,6 +459,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
             "solver_iterations": int(sample.info.get("iterations", 0)),
             "solver_converged": bool(sample.info.get("converged", True)),
             "solver_residual": max_residual(sample.info),
+            "precond_rank": int(sample.info.get("precond_rank", 0)),
             "change": None, "log_hyperprior": None,
         }
         last = converged or step == total - 1

@@ -9,6 +9,7 @@ decides, for a warm start, whether the previous sketch is reused.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -54,12 +55,26 @@ class NystromPreconditioner:
     """
 
     def __init__(self, U: Tensor, eigvals: Tensor, hyper: Tensor | None = None,
-                 build_time: float = 0.0):
+                 build_time: float = 0.0, sketch: "_Sketch | None" = None):
         self.U, self.eigvals, self.hyper, self.build_time = U, eigvals, hyper, build_time
+        # the test directions and their products, kept only where the rank may grow
+        self.sketch = sketch
+
+    def __getstate__(self):  # a checkpoint keeps the factors, not the sketch behind them
+        return {**self.__dict__, "sketch": None}
 
     @property
     def rank(self) -> int:
         return int(self.eigvals.numel())
+
+    def ratio(self, noise_var: float) -> float:
+        """``λ_r / σ²``: the smallest kept eigenvalue over the noise variance.
+
+        CG on the preconditioned ``K`` needs about ``√(1 + λ_r/σ²)`` times the
+        iterations of a perfectly conditioned system (Frangella, Tropp & Udell
+        2023): the quantity the adaptive rank bounds.
+        """
+        return float(self.eigvals[-1]) / max(float(noise_var), 1e-300)
 
     @classmethod
     def build(cls, apply_P: Callable[[Tensor], Tensor], d_y: int, rank: int, *,
@@ -69,7 +84,9 @@ class NystromPreconditioner:
               hyper: Tensor | None = None,
               cancel: Callable[[], bool] | None = None,
               progress: Callable | None = None,
-              stage: str = "preconditioner") -> "NystromPreconditioner":
+              stage: str = "preconditioner", max_rank: int | None = None,
+              max_ratio: float | None = None,
+              noise_var: float | None = None) -> "NystromPreconditioner":
         """Sketch ``P`` with ``rank + oversample`` Gaussian directions and keep ``rank`` pairs.
 
         Parameters
@@ -78,7 +95,7 @@ class NystromPreconditioner:
             ``[m, d_y]`` → ``[m, d_y]``, the PSD operator.
         d_y : int
         rank : int
-            Kept rank (capped at ``d_y``).
+            Kept rank (capped at ``d_y``); with ``max_rank`` the first rank tried.
         oversample : int
             Extra sketch directions. Default 10.
         power_iters : int
@@ -105,6 +122,15 @@ class NystromPreconditioner:
             minutes: it must not look like a hang).
         stage : str
             Stage name of those events. Default ``'preconditioner'``.
+        max_rank : int, optional
+            Adaptive rank: while ``λ_r / noise_var > max_ratio`` and
+            ``rank < max_rank`` the rank doubles (:meth:`grow`; the products
+            already made are kept, so the sketch costs what a direct build at
+            the final rank costs). Default None: the rank is ``rank``.
+        max_ratio : float, optional
+            The bound on ``λ_r / σ²`` (:meth:`ratio`); needed with ``max_rank``.
+        noise_var : float, optional
+            ``σ²``; needed with ``max_rank``.
 
         Raises
         ------
@@ -112,43 +138,49 @@ class NystromPreconditioner:
             When ``cancel()`` returned True.
         """
         t0 = time.perf_counter()
+        adaptive = max_rank is not None and int(max_rank) > int(rank)
+        sketch = _Sketch(apply_P, d_y, oversample, power_iters, generator, device, dtype,
+                         chunk, cancel, progress, stage)
         rank = max(1, min(int(rank), d_y))
-        s = min(d_y, rank + max(0, int(oversample)))
-        omega = torch.randn(d_y, s, generator=generator, dtype=torch.float64)
-        omega = torch.linalg.qr(omega).Q  # [d_y, s], orthonormal columns
-        om = omega.t().contiguous().to(device=device, dtype=dtype)  # rows = directions
-        step = max(1, int(chunk)) if chunk is not None else 32
-        n_products = s * (max(0, int(power_iters)) + 1)
-        done = 0
+        sketch.extend(min(d_y, rank + sketch.oversample))
+        pc = cls._from_sketch(sketch, rank, hyper, time.perf_counter() - t0,
+                              keep=adaptive)
+        if adaptive:
+            pc = pc.grown(int(max_rank), float(max_ratio), float(noise_var))
+        return pc
 
-        def sketch(rows: Tensor) -> Tensor:
-            nonlocal done
-            parts = []
-            for i in range(0, s, step):
-                check_cancel(cancel, "preconditioner")
-                parts.append(apply_P(rows[i:i + step]))
-                done += parts[-1].shape[0]
-                emit_progress(progress, stage, done, n_products,
-                              f"Nyström sketch: {done}/{n_products} products")
-            return torch.cat(parts).detach().to(torch.float64).t()  # [d_y, s]
+    @classmethod
+    def _from_sketch(cls, sketch: "_Sketch", rank: int, hyper, seconds: float,
+                     keep: bool) -> "NystromPreconditioner":
+        U, lam = sketch.nystrom(rank)
+        return cls(U, lam, hyper, seconds, sketch if keep else None)
 
-        for _ in range(max(0, int(power_iters))):  # subspace iteration sharpens the sketch
-            omega = torch.linalg.qr(sketch(om)).Q
-            om = omega.t().contiguous().to(device=device, dtype=dtype)
-        Y = sketch(om)
-        omega = omega.to(Y.device)
-        nu = math.sqrt(d_y) * torch.finfo(dtype).eps * float(torch.linalg.matrix_norm(Y, 2))
-        nu = max(nu, 1e-30)
-        Y_nu = Y + nu * omega
-        core = omega.t() @ Y_nu
-        core = 0.5 * (core + core.t())
-        C = torch.linalg.cholesky(core + 1e-12 * core.diagonal().abs().max()
-                                  * torch.eye(s, dtype=core.dtype, device=core.device))
-        B = torch.linalg.solve_triangular(C, Y_nu.t(), upper=False).t()  # Y_nu C^{-T}
-        U, S, _ = torch.linalg.svd(B, full_matrices=False)
-        lam = (S.square() - nu).clamp_min(0.0)
-        U, lam = U[:, :rank], lam[:rank]
-        return cls(U.contiguous(), lam, hyper, time.perf_counter() - t0)
+    def grown(self, max_rank: int, max_ratio: float, noise_var: float,
+              apply_P: Callable[[Tensor], Tensor] | None = None) -> "NystromPreconditioner":
+        """This sketch, its rank doubled (at most to ``max_rank``) while ``λ_r/σ² > max_ratio``.
+
+        Only the new directions' products are made: the test space of a
+        rank ``2r`` build is this one's plus ``r`` orthogonal directions
+        (with a power iteration, ``P`` of them), and the Nyström
+        approximation depends on the test space alone. The sketch must be
+        of the current ``P`` (fresh, or :meth:`rescaled`); ``apply_P``
+        replaces the operator it was built with. Returns ``self`` when
+        nothing grows (or no sketch was kept).
+        """
+        pc = self
+        while (pc.sketch is not None and pc.rank < max_rank
+               and pc.sketch.columns < pc.sketch.d_y and pc.ratio(noise_var) > max_ratio):
+            t0 = time.perf_counter()
+            rank = min(2 * pc.rank, int(max_rank), pc.sketch.d_y)
+            log.info("Nyström rank %d -> %d (λ_r/σ² = %.3g > %.3g)", pc.rank, rank,
+                     pc.ratio(noise_var), max_ratio)
+            sketch = copy.copy(pc.sketch)  # extend() rebinds Q and Y: the old pc keeps its own
+            if apply_P is not None:
+                sketch.apply_P = apply_P
+            sketch.extend(min(sketch.d_y, rank + sketch.oversample))
+            pc = type(self)._from_sketch(sketch, rank, pc.hyper,
+                                         pc.build_time + time.perf_counter() - t0, keep=True)
+        return pc
 
     def rescaled(self, factor: float, hyper: Tensor | None = None) -> "NystromPreconditioner":
         """The sketch of ``factor · P``: same ``U``, eigenvalues times ``factor`` (exact).
@@ -156,10 +188,12 @@ class NystromPreconditioner:
         A Nyström sketch is linear in ``P`` for fixed test directions, so
         when only a common prior scale moved (``Σ → c Σ`` makes both
         ``Φ Σ Φᵀ`` and ``LᵀΦᵀΦL`` scale by ``c``) this *is* the sketch that a
-        rebuild with the same directions would give, at no products.
+        rebuild with the same directions would give, at no products. A kept
+        sketch is rescaled with it (it may still grow).
         """
+        sketch = self.sketch.rescaled(float(factor)) if self.sketch is not None else None
         return NystromPreconditioner(self.U, self.eigvals * float(factor), hyper,
-                                     self.build_time)
+                                     self.build_time, sketch)
 
     def __call__(self, X: Tensor, noise_var: float) -> Tensor:
         """``M⁻¹ X`` for rows ``X`` ``[m, d_y]`` (computed in float64)."""
@@ -168,6 +202,94 @@ class NystromPreconditioner:
         proj = X64 @ self.U  # [m, r]
         out = torch.addmm(X64, proj * (coef - 1.0), self.U.t())
         return out.to(X.dtype)
+
+
+class _Sketch:
+    """Orthonormal test directions ``Q`` ``[d_y, s]`` and ``Y = P Q``, extendable.
+
+    The first :meth:`extend` is the classic build (Gaussian directions, then
+    ``power_iters`` subspace iterations); a later one draws new Gaussian
+    directions, applies the same iterations to them and orthogonalises the
+    result against ``Q``, so the test space is ``range Pᵖ [all directions]``,
+    the one a direct build with all of them spans.
+    """
+
+    def __init__(self, apply_P, d_y, oversample, power_iters, generator, device, dtype,
+                 chunk, cancel, progress, stage):
+        self.apply_P, self.d_y = apply_P, int(d_y)
+        self.oversample, self.power_iters = max(0, int(oversample)), max(0, int(power_iters))
+        self.generator, self.device, self.dtype = generator, device, dtype
+        self.step = max(1, int(chunk)) if chunk is not None else 32
+        self.cancel, self.progress, self.stage = cancel, progress, stage
+        self.Q = self.Y = None  # float64
+        self.scale = 1.0  # Y of the current P is scale * self.Y
+        self.done = 0
+
+    @property
+    def columns(self) -> int:
+        return 0 if self.Q is None else int(self.Q.shape[1])
+
+    def rescaled(self, factor: float) -> "_Sketch":
+        other = copy.copy(self)
+        other.scale = self.scale * factor
+        return other
+
+    def _apply(self, omega: Tensor, total: int) -> Tensor:
+        """``P omega`` for orthonormal columns ``omega`` ``[d_y, m]`` (float64 out)."""
+        rows = omega.t().contiguous().to(device=self.device, dtype=self.dtype)
+        parts = []
+        for i in range(0, rows.shape[0], self.step):
+            check_cancel(self.cancel, "preconditioner")
+            parts.append(self.apply_P(rows[i:i + self.step]))
+            self.done += parts[-1].shape[0]
+            emit_progress(self.progress, self.stage, self.done, total,
+                          f"Nyström sketch: {self.done}/{total} products")
+        return torch.cat(parts).detach().to(torch.float64).t()
+
+    def extend(self, columns: int) -> None:
+        """Grow the test space to ``columns`` directions (``(power_iters + 1)`` products each)."""
+        new = int(columns) - self.columns
+        if new <= 0:
+            return
+        total = self.done + new * (self.power_iters + 1)
+        omega = torch.randn(self.d_y, new, generator=self.generator, dtype=torch.float64)
+        omega = torch.linalg.qr(omega).Q
+        for _ in range(self.power_iters):  # subspace iteration sharpens the sketch
+            omega = torch.linalg.qr(self._apply(omega, total)).Q
+        if self.Q is not None:  # range [Q, omega] = range P^p [all directions drawn]
+            omega = torch.linalg.qr(self._orth(omega.to(self.Q.device))).Q
+        Y = self._apply(omega, total)
+        omega = omega.to(Y.device)
+        if self.Q is None:
+            self.Q, self.Y = omega, Y
+        else:  # store Y at the stored scale
+            self.Q, self.Y = torch.cat([self.Q, omega], 1), torch.cat([self.Y, Y / self.scale], 1)
+
+    def _orth(self, omega: Tensor) -> Tensor:
+        if self.Q is None:
+            return omega
+        Q = self.Q.to(omega.device)
+        for _ in range(2):  # twice is enough (Kahan-Parlett)
+            omega = omega - Q @ (Q.t() @ omega)
+        return omega
+
+    def nystrom(self, rank: int) -> tuple[Tensor, Tensor]:
+        """``U`` ``[d_y, rank]`` and ``Λ`` of the stable Nyström approximation
+        (Tropp et al. 2017)."""
+        omega, Y = self.Q, self.Y * self.scale if self.scale != 1.0 else self.Y
+        nu = math.sqrt(self.d_y) * torch.finfo(self.dtype).eps \
+            * float(torch.linalg.matrix_norm(Y, 2))
+        nu = max(nu, 1e-30)
+        Y_nu = Y + nu * omega
+        core = omega.t() @ Y_nu
+        core = 0.5 * (core + core.t())
+        s = core.shape[0]
+        C = torch.linalg.cholesky(core + 1e-12 * core.diagonal().abs().max()
+                                  * torch.eye(s, dtype=core.dtype, device=core.device))
+        B = torch.linalg.solve_triangular(C, Y_nu.t(), upper=False).t()  # Y_nu C^{-T}
+        U, S, _ = torch.linalg.svd(B, full_matrices=False)
+        lam = (S.square() - nu).clamp_min(0.0)
+        return U[:, :rank].contiguous(), lam[:rank]
 
 
 def hyper_vector(prior) -> Tensor:

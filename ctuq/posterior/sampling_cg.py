@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from ctuq.errors import InputError
-from ctuq.posterior.preconditioner import NystromPreconditioner, pick_preconditioner
+from ctuq.posterior.preconditioner import (NystromPreconditioner, hyper_vector,
+                                          pick_preconditioner)
 from ctuq.posterior.samples import (PosteriorSample, Sampler, SamplerState, WarmStart,
                                     max_residual)
 from ctuq.progress import check_cancel, emit_progress
@@ -67,6 +68,14 @@ class CGOptions:
     precond_power_iters : int
         Subspace iterations of the sketch (see
         :meth:`NystromPreconditioner.build`). Default 1.
+    precond_max_rank : int or None
+        Adaptive rank: the rank doubles from ``precond_rank`` up to this while
+        the smallest kept eigenvalue exceeds ``precond_max_ratio · σ²``
+        (:meth:`NystromPreconditioner.grown`), at a fresh build and whenever
+        a reused sketch is still exact (a rescaled g-prior). Default None: the
+        rank stays ``precond_rank``.
+    precond_max_ratio : float
+        The bound on ``λ_r / σ²``. Default 100.
     reuse_preconditioner : bool
         With a ``warm_start``, reuse its preconditioner while no prior
         hyperparameter moved by more than ``reuse_tol`` in log space (the
@@ -97,6 +106,8 @@ class CGOptions:
     precond_rank: int = 200
     precond_oversample: int = 10
     precond_power_iters: int = 1
+    precond_max_rank: int | None = None
+    precond_max_ratio: float = 100.0
     reuse_preconditioner: bool = True
     reuse_tol: float = 3.0
     check_every: int = 1
@@ -304,13 +315,22 @@ class CGSampler(Sampler):
                     oversample=options.precond_oversample,
                     power_iters=options.precond_power_iters, generator=gen,
                     device=likelihood.device, chunk=likelihood.lin.chunk_size, hyper=hyper,
-                    cancel=cancel, progress=progress, stage=stage)
+                    cancel=cancel, progress=progress, stage=stage,
+                    max_rank=options.precond_max_rank, max_ratio=options.precond_max_ratio,
+                    noise_var=noise_var)
                 log.debug("Nyström preconditioner rank %d in %.2f s, λ = %.3g … %.3g",
                           pc.rank, pc.build_time, float(pc.eigvals[0]), float(pc.eigvals[-1]))
                 return pc
             precond = pick_preconditioner(
                 warm.preconditioner, warm.forced, prior,
                 options.reuse_tol if options.reuse_preconditioner else None, build)
+            if (options.precond_max_rank is not None and not warm.forced
+                    and precond.hyper is not None
+                    and torch.equal(precond.hyper, hyper_vector(prior))):
+                # a kept sketch of this very P (rescaled, or nothing moved) may still grow:
+                # the prior's scale or σ² moved since it was built
+                precond = precond.grown(options.precond_max_rank, options.precond_max_ratio,
+                                        noise_var, kern.P)
         t_setup = time.perf_counter() - t0
 
         X0 = None
@@ -352,6 +372,7 @@ class CGSampler(Sampler):
                                                      + bool(options.true_residual)
                                                      * (1 + info["restarts"])),
                     precond_rank=precond.rank if precond is not None else 0,
+                    precond_ratio=precond.ratio(noise_var) if precond is not None else None,
                     precond_time=precond.build_time if precond is not None else 0.0,
                     noise_var=noise_var)
         state = SamplerState("cg", u, e, X, precond)

@@ -55,6 +55,9 @@ UNCERTAINTY_DEFAULTS: dict[str, dict] = {
     # (residual up to 480× the tolerance) and the std off by up to 4× on validation
     # scans; rank 400 converged on them in less time, and at 5 % noise changed
     # nothing (the same std, the same time within noise; docs/speed.md)
+    # a fixed rank: the adaptive rank (preconditioner_max_rank) changed no validation
+    # scan at ratio 100 and made a 0.3 %-noise scan worse (docs/speed.md, "An adaptive
+    # preconditioner rank")
     "dip-64": dict(n_samples=8, predictive_samples=32, predcp_samples=16, em_steps=5,
                    preconditioner_rank=400, dip_from_heldout=0.5),
     # held-out prior width 0.02, not 0.1: on 10 realistic 128² validation scans the

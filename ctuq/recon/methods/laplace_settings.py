@@ -60,8 +60,17 @@ class LaplaceSettings:
     cg_max_iter : int
         CG iteration cap. Default 200.
     preconditioner_rank : int
-        Rank of the Nyström preconditioner. Default 100 (the presets for
-        64² and larger raise it, see :mod:`ctuq.recon.presets`).
+        Rank of the Nyström preconditioner (with ``preconditioner_max_rank``
+        the first rank tried). Default 100 (the presets for 64² and larger
+        raise it, see :mod:`ctuq.recon.presets`).
+    preconditioner_max_rank : int or None
+        Adaptive rank: the rank doubles, keeping the products already made,
+        up to this while the smallest kept eigenvalue of ``Φ Σ Φᵀ`` exceeds
+        ``preconditioner_max_ratio · σ²`` (low noise needs a larger rank for
+        CG to converge, high noise a smaller one). Default None: the rank
+        stays ``preconditioner_rank``.
+    preconditioner_max_ratio : float
+        That bound on ``λ_r / σ²``. Default 100.
     sto_batch_size : int or None
         ``sampler = 'sto'``: projection angles per sample-then-optimise step
         (mini-batched; the data term is rescaled so the gradient is
@@ -106,6 +115,13 @@ class LaplaceSettings:
                                doc="CG iteration cap.")
     preconditioner_rank: int = setting(100, kind=int, minimum=1, maximum=100_000,
                                        doc="Rank of the Nystrom preconditioner.")
+    preconditioner_max_rank: int | None = setting(
+        None, kind=int, minimum=1, maximum=100_000,
+        doc="Adaptive Nystrom rank: double it up to this while lambda_r/sigma^2 is above "
+            "preconditioner_max_ratio (default: fixed rank).")
+    preconditioner_max_ratio: float = setting(100.0, kind=float, minimum=0, maximum=1e12,
+                                              doc="Bound on lambda_r/sigma^2 of the "
+                                                  "adaptive rank.")
     sto_batch_size: int | None = setting(None, kind=int, minimum=1, maximum=10**7,
                                          doc="sto: projection angles per step (default: all).")
     sto_iterations: int = setting(1000, kind=int, minimum=1, maximum=10**7,
