@@ -186,7 +186,7 @@ def test_a_grown_nystrom_sketch_is_exact_once_its_test_space_holds_the_range(pow
 
     pc = NystromPreconditioner.build(apply_P, 120, 8, oversample=2, power_iters=power_iters,
                                      generator=torch.Generator().manual_seed(1),
-                                     dtype=D64, max_rank=64, max_ratio=1.0, noise_var=1e-6)
+                                     dtype=D64, keep_sketch=True).grown(64, 1.0, 1e-6)
     assert pc.rank == 32 and sum(rows) == (power_iters + 1) * (32 + 2)
     approx = pc.U @ torch.diag(pc.eigvals) @ pc.U.t()
     assert float((approx - P).norm() / P.norm()) < 1e-8
@@ -198,19 +198,20 @@ def test_a_grown_nystrom_sketch_is_exact_once_its_test_space_holds_the_range(pow
                                         generator=torch.Generator().manual_seed(1))
     assert fixed.rank == 8 and fixed.sketch is None
     torch.testing.assert_close(fixed.eigvals, NystromPreconditioner.build(
-        apply_P, 120, 8, oversample=2, power_iters=power_iters, dtype=D64, max_rank=64,
-        max_ratio=1e9, noise_var=1.0, generator=torch.Generator().manual_seed(1)).eigvals,
+        apply_P, 120, 8, oversample=2, power_iters=power_iters, dtype=D64, keep_sketch=True,
+        generator=torch.Generator().manual_seed(1)).grown(64, 1e9, 1.0).eigvals,
         rtol=0, atol=0)
 
 
 def test_the_adaptive_rank_stops_at_its_ratio_or_its_cap():
     P = _low_rank_psd(120, 60)
     kw = dict(oversample=2, dtype=D64, generator=torch.Generator().manual_seed(2))
-    loud = NystromPreconditioner.build(lambda X: X @ P, 120, 8, max_rank=64, max_ratio=10.0,
-                                       noise_var=20.0, **kw)  # λ_8/σ² ≈ 22, λ_16/σ² ≈ 8.7
+    # λ_8/σ² ≈ 22, λ_16/σ² ≈ 8.7: grows once
+    loud = NystromPreconditioner.build(lambda X: X @ P, 120, 8, keep_sketch=True,
+                                       **kw).grown(64, 10.0, 20.0)
     assert loud.rank == 16 and loud.ratio(20.0) <= 10.0 < loud.eigvals[7] / 20.0
-    capped = NystromPreconditioner.build(lambda X: X @ P, 120, 8, max_rank=20,
-                                         max_ratio=1.0, noise_var=1e-6, **kw)
+    capped = NystromPreconditioner.build(lambda X: X @ P, 120, 8, keep_sketch=True,
+                                         **kw).grown(20, 1.0, 1e-6)
     assert capped.rank == 20 and capped.ratio(1e-6) > 1.0
     # pickled (a checkpoint), the factors stay and the sketch, with its operator, goes
     import pickle

@@ -84,9 +84,8 @@ class NystromPreconditioner:
               hyper: Tensor | None = None,
               cancel: Callable[[], bool] | None = None,
               progress: Callable | None = None,
-              stage: str = "preconditioner", max_rank: int | None = None,
-              max_ratio: float | None = None,
-              noise_var: float | None = None) -> "NystromPreconditioner":
+              stage: str = "preconditioner",
+              keep_sketch: bool = False) -> "NystromPreconditioner":
         """Sketch ``P`` with ``rank + oversample`` Gaussian directions and keep ``rank`` pairs.
 
         Parameters
@@ -95,7 +94,7 @@ class NystromPreconditioner:
             ``[m, d_y]`` → ``[m, d_y]``, the PSD operator.
         d_y : int
         rank : int
-            Kept rank (capped at ``d_y``); with ``max_rank`` the first rank tried.
+            Kept rank (capped at ``d_y``).
         oversample : int
             Extra sketch directions. Default 10.
         power_iters : int
@@ -122,15 +121,11 @@ class NystromPreconditioner:
             minutes: it must not look like a hang).
         stage : str
             Stage name of those events. Default ``'preconditioner'``.
-        max_rank : int, optional
-            Adaptive rank: while ``λ_r / noise_var > max_ratio`` and
-            ``rank < max_rank`` the rank doubles (:meth:`grow`; the products
-            already made are kept, so the sketch costs what a direct build at
-            the final rank costs). Default None: the rank is ``rank``.
-        max_ratio : float, optional
-            The bound on ``λ_r / σ²`` (:meth:`ratio`); needed with ``max_rank``.
-        noise_var : float, optional
-            ``σ²``; needed with ``max_rank``.
+        keep_sketch : bool
+            Keep the test directions and their products, so that the rank can
+            grow later (:meth:`grown`: the products already made are kept, and
+            the sketch costs what a direct build at the final rank costs).
+            Default False.
 
         Raises
         ------
@@ -138,16 +133,12 @@ class NystromPreconditioner:
             When ``cancel()`` returned True.
         """
         t0 = time.perf_counter()
-        adaptive = max_rank is not None and int(max_rank) > int(rank)
         sketch = _Sketch(apply_P, d_y, oversample, power_iters, generator, device, dtype,
                          chunk, cancel, progress, stage)
         rank = max(1, min(int(rank), d_y))
         sketch.extend(min(d_y, rank + sketch.oversample))
-        pc = cls._from_sketch(sketch, rank, hyper, time.perf_counter() - t0,
-                              keep=adaptive)
-        if adaptive:
-            pc = pc.grown(int(max_rank), float(max_ratio), float(noise_var))
-        return pc
+        return cls._from_sketch(sketch, rank, hyper, time.perf_counter() - t0,
+                                keep=keep_sketch)
 
     @classmethod
     def _from_sketch(cls, sketch: "_Sketch", rank: int, hyper, seconds: float,
@@ -266,8 +257,6 @@ class _Sketch:
             self.Q, self.Y = torch.cat([self.Q, omega], 1), torch.cat([self.Y, Y / self.scale], 1)
 
     def _orth(self, omega: Tensor) -> Tensor:
-        if self.Q is None:
-            return omega
         Q = self.Q.to(omega.device)
         for _ in range(2):  # twice is enough (Kahan-Parlett)
             omega = omega - Q @ (Q.t() @ omega)

@@ -308,6 +308,8 @@ class CGSampler(Sampler):
                 rhs = y_tilde.clone()
 
         precond = None
+        adaptive = (options.precond_max_rank is not None
+                    and options.precond_max_rank > options.precond_rank)
         if options.precond_rank > 0 or warm.forced:
             def build(hyper):
                 pc = NystromPreconditioner.build(
@@ -315,20 +317,17 @@ class CGSampler(Sampler):
                     oversample=options.precond_oversample,
                     power_iters=options.precond_power_iters, generator=gen,
                     device=likelihood.device, chunk=likelihood.lin.chunk_size, hyper=hyper,
-                    cancel=cancel, progress=progress, stage=stage,
-                    max_rank=options.precond_max_rank, max_ratio=options.precond_max_ratio,
-                    noise_var=noise_var)
+                    cancel=cancel, progress=progress, stage=stage, keep_sketch=adaptive)
                 log.debug("Nyström preconditioner rank %d in %.2f s, λ = %.3g … %.3g",
                           pc.rank, pc.build_time, float(pc.eigvals[0]), float(pc.eigvals[-1]))
                 return pc
             precond = pick_preconditioner(
                 warm.preconditioner, warm.forced, prior,
                 options.reuse_tol if options.reuse_preconditioner else None, build)
-            if (options.precond_max_rank is not None and not warm.forced
-                    and precond.hyper is not None
+            if (adaptive and not warm.forced and precond.hyper is not None
                     and torch.equal(precond.hyper, hyper_vector(prior))):
-                # a kept sketch of this very P (rescaled, or nothing moved) may still grow:
-                # the prior's scale or σ² moved since it was built
+                # a kept sketch of this very P (fresh, rescaled, or nothing moved) grows
+                # while λ_r/σ² is above the bound
                 precond = precond.grown(options.precond_max_rank, options.precond_max_ratio,
                                         noise_var, kern.P)
         t_setup = time.perf_counter() - t0
