@@ -69,17 +69,17 @@ def test_cli_bad_values_exit_2(tmp_path: Path, capsys, args, option):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_calibrates_the_image_the_settings_show(monkeypatch):
-    """With mean = 'linear-heldout' (which needs the held-out term) the coefficients are
-    fitted to the stepped image the reconstruction shows, not to the DIP output."""
+def _calibrate_one_scan(monkeypatch, **uncertainty):
+    """``calibrate`` at 28² on one tuning scan with TINY's settings and ``uncertainty``
+    merged in; returns the coefficients, what was fitted (``means``, ``variances``),
+    the config and the scans."""
     import tomllib
 
     from ctuq.recon import calibrate as cal
     from ctuq.recon.config import ReconstructionConfig
-    from ctuq.recon.pipeline import reconstruct
 
     raw = tomllib.loads(TINY)
-    raw["uncertainty"]["laplace"] = {"mean": "linear-heldout"}
+    raw["uncertainty"].update(uncertainty)
     config = ReconstructionConfig.from_dict(raw)
     scans = [(f"{c.name}", s) for c, _, _, s in calibration_scans(
         28, families=["ellipses"], n_per_family=1, angles=(20,), noise_levels=(0.01,))]
@@ -91,7 +91,16 @@ def test_calibrates_the_image_the_settings_show(monkeypatch):
         return real_fit(truths, means, variances)
 
     monkeypatch.setattr(cal, "fit_to_truth", spy)
-    c = cal.calibrate(28, config, scans=scans)
+    return cal.calibrate(28, config, scans=scans), seen, config, scans
+
+
+def test_calibrates_the_image_the_settings_show(monkeypatch):
+    """With mean = 'linear-heldout' (which needs the held-out term) the coefficients are
+    fitted to the stepped image the reconstruction shows, not to the DIP output."""
+    from ctuq.recon.pipeline import reconstruct
+
+    c, seen, config, scans = _calibrate_one_scan(monkeypatch,
+                                                 laplace={"mean": "linear-heldout"})
     assert c.info["uncertainty"]["model_error"] == "heldout"
     r = reconstruct(scans[0][1], config.merged({"uncertainty": {"model_error": "heldout"}}))
     assert r.config["model_error"]["info"]["step_length"] is not None
@@ -145,3 +154,25 @@ def test_calibration_from_a_benchmarks_tuning_arrays(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "validation split" in bad.stderr
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_calibrates_the_shared_fit_when_the_dip_continues_from_the_heldout_fit(monkeypatch):
+    """With dip_from_heldout > 0 and the held-out term (dip-64's defaults) the image shown is
+    the fit continued from the held-out fit: the coefficients are fitted to that image, not
+    to a plain fit (what model_error = 'none' would make)."""
+    from ctuq.recon import calibrate as cal
+    from ctuq.recon.pipeline import reconstruct
+
+    c, seen, config, scans = _calibrate_one_scan(monkeypatch, model_error="heldout",
+                                                 dip_from_heldout=0.5)
+    assert c.info["uncertainty"]["model_error"] == "heldout"
+    shared = reconstruct(scans[0][1], config)
+    plain = reconstruct(scans[0][1], config.merged({"uncertainty": {"model_error": "none"}}))
+    assert shared.provenance["stages"]["counts"].get("dip_heldout_iterations")
+    assert np.abs(np.asarray(shared.reconstruction) - np.asarray(plain.reconstruction)).max() > 1e-3
+    np.testing.assert_allclose(seen["means"][0], np.asarray(shared.reconstruction), atol=1e-5)
+    np.testing.assert_allclose(seen["variances"][0], np.asarray(shared.posterior_std) ** 2,
+                               rtol=1e-4, atol=1e-12)
+    # the plain fit's settings are calibrated without a model-error term, as before
+    c = cal.calibrate(28, config.merged({"uncertainty": {"dip_from_heldout": 0.0}}), scans=scans)
+    assert c.info["uncertainty"]["model_error"] == "none"

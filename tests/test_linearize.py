@@ -187,11 +187,75 @@ def test_generic_module_without_blocks():
     assert _rel(lin.jvp(v).double().reshape(2, -1), v.double() @ J.t()) < 1e-5
 
 
+def _linearization_on_cuda(problem):
+    model = build_unet("reference-28", channels=(4, 4, 4))
+    model.load_state_dict(problem.model.state_dict())
+    return Linearization(model.cuda(), problem.net_input.cuda())
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_cuda_matches_cpu(problem, lin, strict_fp32):
-    model = build_unet("reference-28", channels=(4, 4, 4))
-    model.load_state_dict(problem.model.state_dict())
-    lin_c = Linearization(model.cuda(), problem.net_input.cuda())
+    lin_c = _linearization_on_cuda(problem)
     v = torch.randn(3, lin.num_params)
     assert torch.allclose(lin_c.jvp(v.cuda()).cpu(), lin.jvp(v), atol=1e-4, rtol=1e-3)
+
+
+@pytest.fixture
+def tf32_on():
+    """torch's default on Ampere and later GPUs for cuDNN (TF32 convolutions), both flags on."""
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_full_float32_turns_tf32_off_on_cuda_only_and_restores_it(tf32_on):
+    flags = lambda: (torch.backends.cudnn.allow_tf32,  # noqa: E731
+                     torch.backends.cuda.matmul.allow_tf32)
+    with linearize.full_float32("cuda"):
+        assert flags() == (False, False)
+    assert flags() == (True, True)
+    with pytest.raises(ValueError), linearize.full_float32(torch.device("cuda", 0)):
+        assert flags() == (False, False)
+        raise ValueError("an error inside the block")
+    assert flags() == (True, True)
+    with linearize.full_float32("cpu"):  # the CPU has no TF32: nothing to touch
+        assert flags() == (True, True)
+
+
+def test_every_product_runs_in_full_float32(problem, lin, monkeypatch):
+    import contextlib
+    entered = []
+
+    @contextlib.contextmanager
+    def record(device):
+        entered.append(torch.device(device))
+        yield
+
+    monkeypatch.setattr(linearize, "full_float32", record)
+    v = torch.randn(2, lin.num_params)
+    calls = {"jvp": lambda: lin.jvp(v), "vjp": lambda: lin.vjp(lin.x_hat.expand(2, -1, -1)),
+             "linear_model": lambda: lin.linear_model(lin.theta_hat),
+             "dense": lambda: lin.dense(chunk_size=512)}
+    for name, call in calls.items():
+        entered.clear()
+        call()
+        assert entered and all(d == lin.device for d in entered), name
+    # the constructor's forward pass (x̂) as well
+    entered.clear()
+    Linearization(problem.model, problem.net_input)
+    assert entered
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_products_on_cuda_ignore_a_global_tf32(problem, lin, tf32_on):
+    # with TF32 left on, J and Jᵀ on the GPU must still be the CPU's to float32 accuracy
+    # (TF32 made them differ by ~1e-3 relative, the CG tolerance: docs/scaling.md §5c)
+    lin_c = _linearization_on_cuda(problem)
+    v = torch.randn(3, lin.num_params)
+    normal_cpu = lin.vjp(lin.jvp(v))
+    normal_gpu = lin_c.vjp(lin_c.jvp(v.cuda())).cpu()
+    assert _rel(normal_gpu, normal_cpu) < 1e-4
+    assert torch.backends.cudnn.allow_tf32  # the global flag is the user's again

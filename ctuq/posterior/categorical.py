@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.func import jacrev, jvp, vjp
 
 from ctuq.posterior.likelihood import Likelihood
-from ctuq.posterior.linearize import Linearization
+from ctuq.posterior.linearize import Linearization, in_full_float32
 
 __all__ = ["ClassifierLinearization", "CategoricalLikelihood", "lambda_mul", "b_mul",
            "bt_mul", "b_mul_jacobian"]
@@ -69,6 +69,7 @@ class ClassifierLinearization(Linearization):
     def _fn(self, x: Tensor, fixed=None):
         return lambda th: self._f_raw(th, fixed, x)
 
+    @in_full_float32
     @torch.no_grad()
     def logits(self, x: Tensor) -> Tensor:
         """``f(x, θ̂)``, ``[n, C]`` (float32)."""
@@ -80,6 +81,7 @@ class ClassifierLinearization(Linearization):
         """``softmax f(x, θ̂)``, ``[n, C]``."""
         return torch.softmax(self.logits(x), -1)
 
+    @in_full_float32
     def jvp_at(self, v: Tensor, x: Tensor) -> Tensor:
         """``J(x) v``: ``[k, d_θ]`` → ``[k, n, C]``."""
         f = self._fn(x.to(self.device))
@@ -88,6 +90,7 @@ class ClassifierLinearization(Linearization):
         with torch.no_grad():
             return torch.cat([self._batched(one, c) for c in self._chunks(v)])
 
+    @in_full_float32
     def vjp_at(self, u: Tensor, x: Tensor) -> Tensor:
         """``J(x)ᵀ u``: ``[k, n, C]`` → ``[k, d_θ]``."""
         _, fn = vjp(self._fn(x.to(self.device)), self.theta_hat)
@@ -95,6 +98,7 @@ class ClassifierLinearization(Linearization):
         with torch.no_grad():
             return torch.cat([self._batched(lambda ui: fn(ui)[0], c) for c in self._chunks(u)])
 
+    @in_full_float32
     def jacobian(self, x: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
         """The dense ``J(x)``, ``[n, C, d_θ]`` (``float64`` recomputes the net in double)."""
         fixed = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self._fixed.items()}

@@ -33,6 +33,8 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import numbers
@@ -47,7 +49,7 @@ from torch.func import functional_call, jvp, vjp, vmap
 from ctuq.errors import InputError
 
 __all__ = ["ParamSegment", "ParamBlock", "Linearization", "select_parameters",
-           "auto_chunk_size", "CPU_CHUNK_ELEMENTS"]
+           "auto_chunk_size", "CPU_CHUNK_ELEMENTS", "full_float32", "in_full_float32"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,46 @@ log = logging.getLogger(__name__)
 #: dip-128, 32 vectors: 5.8 s in one batch, 2.8 s in chunks of 12, 5.8 s in
 #: chunks of 16).
 CPU_CHUNK_ELEMENTS = 120_000_000
+
+
+@contextlib.contextmanager
+def full_float32(device):
+    """Float32 arithmetic in full precision on CUDA while the block runs: no TF32.
+
+    torch lets cuDNN compute float32 convolutions in TF32 (a 10-bit mantissa)
+    on Ampere and later GPUs. A DIP fit does not mind; the linearised model
+    does: ``J v`` and ``Jᵀ u`` then agree only to about 1e-3 relative, the
+    CG solves' own tolerance, and the solves stall at their iteration cap
+    (on an H200 every EM step of the 64²–512² speed scans did, and the
+    posterior std came out 3–43× the CPU's; TF32's rounding emulated on the
+    CPU gave the GPU's 64² figures: docs/scaling.md §5c). Turns cuDNN's
+    and cuBLAS's TF32 off and restores both flags afterwards; does nothing
+    off CUDA.
+
+    Parameters
+    ----------
+    device : torch.device or str
+        The device of the tensors the block computes with.
+    """
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    old = cudnn.allow_tf32, matmul.allow_tf32
+    cudnn.allow_tf32 = matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        cudnn.allow_tf32, matmul.allow_tf32 = old
+
+
+def in_full_float32(method):
+    """Run a :class:`Linearization` method under :func:`full_float32` of its device."""
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        with full_float32(self.device):
+            return method(self, *args, **kwargs)
+    return wrapped
 
 
 def auto_chunk_size(activation_numel: int, device) -> int:
@@ -296,7 +338,7 @@ class Linearization:
         self._fixed = {n: p.detach().clone() for n, p in params.items() if n not in chosen}
         self._fixed.update({n: b.detach().clone() for n, b in model.named_buffers()})
 
-        with torch.no_grad():
+        with torch.no_grad(), full_float32(self.device):
             out = self._f_raw(self.theta_hat)
         self.out_shape = tuple(out.shape)
         self.x_hat = out.reshape(self.image_shape)
@@ -370,6 +412,7 @@ class Linearization:
         return jvp(lambda th: self._f_raw(th).reshape(self.image_shape),
                    (self.theta_hat,), (v,))[1]
 
+    @in_full_float32
     def _get_vjp_fn(self) -> Callable:
         if self._vjp_fn is None:
             _, self._vjp_fn = vjp(lambda th: self._f_raw(th).reshape(self.image_shape),
@@ -385,6 +428,7 @@ class Linearization:
                 self._vectorize = False
         return torch.stack([fn(vi) for vi in v])
 
+    @in_full_float32
     def jvp(self, v: Tensor) -> Tensor:
         """``J v`` for a batch of parameter-space vectors.
 
@@ -403,6 +447,7 @@ class Linearization:
         out = torch.cat([self._batched(self._jvp_one, c) for c in self._chunks(v)])
         return out[0] if single else out
 
+    @in_full_float32
     def vjp(self, u: Tensor) -> Tensor:
         """``Jᵀ u`` for a batch of image-space vectors.
 
@@ -443,6 +488,7 @@ class Linearization:
             self._act_numel = int(total[0])
         return self._act_numel
 
+    @in_full_float32
     def dense(self, dtype: torch.dtype = torch.float32, chunk_size: int | None = None,
               max_chunk_bytes: int = 2**30) -> Tensor:
         """The dense Jacobian, row by row via batched VJPs (small problems only).

@@ -31,7 +31,7 @@ import numpy as np
 from ctuq.data.splits import FAMILIES, cases
 from ctuq.errors import InputError
 from ctuq.progress import check_cancel, emit_progress
-from ctuq.recon.config import ReconstructionConfig, UncertaintyConfig
+from ctuq.recon.config import ReconstructionConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, conformal_scale, fit_to_truth
 
 __all__ = ["CALIBRATION_FAMILIES", "calibrate", "calibration_scans", "fit_calibration"]
@@ -70,6 +70,24 @@ def calibration_scans(size: int, *, families: Sequence[str] | None = None,
                     y.cpu().numpy(), geometry, {"noise_std": sigma}, ground_truth=truth)
 
 
+def _term_of_the_image(config: ReconstructionConfig, size: int) -> str | None:
+    """The model-error term the image of the settings (at ``size``²) depends on, or None.
+
+    The coefficients are for the image a reconstruction shows, fitted with no
+    model error where the image does not need one. Two settings need the
+    held-out term: ``mean = "linear-heldout"`` (its step length is chosen on
+    the held-out projections), and ``dip_from_heldout > 0`` with the held-out
+    term (the DIP fit continues from the held-out fit: without the term it
+    would be a plain fit, about 1 dB worse at 64², docs/speed.md).
+    """
+    from ctuq.recon.model_error.names import HELDOUT
+
+    unc = config.resolve((int(size), int(size)))[1]  # with the preset's defaults
+    need = unc.method_class.required_model_error(unc.method_settings)
+    shared = unc.model_error == HELDOUT and float(unc.dip_from_heldout) > 0
+    return need or (HELDOUT if shared else None)
+
+
 def calibrate(size: int, config: ReconstructionConfig | None = None, *,
               families: Sequence[str] | None = None, n_per_family: int = 2,
               angles: Sequence[int] = (30, 60), noise_levels: Sequence[float] = (0.01, 0.05),
@@ -85,10 +103,11 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
     config : ReconstructionConfig, optional
         The settings the coefficients are for (default: the defaults); its
         ``uncertainty.model_error`` is overridden with ``'none'``, or with the
-        term the method's image needs (``'heldout'`` for ``mean =
-        "linear-heldout"``, which chooses its step length on held-out
-        projections); the coefficients describe the error of the image the
-        settings show, with the posterior variance alone.
+        term the image needs (``'heldout'`` for ``mean = "linear-heldout"``,
+        which chooses its step length on held-out projections, and for
+        ``dip_from_heldout > 0`` with the held-out term, whose fit the DIP
+        continues from); the coefficients describe the error of the image
+        the settings show, with the posterior variance alone.
     families : sequence of str, optional
         Phantom families of the tuning split (default :data:`CALIBRATION_FAMILIES`).
     n_per_family : int
@@ -111,11 +130,8 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
         ``info`` what it was fitted on and the fit's log-likelihood.
     """
     config = config or ReconstructionConfig()
-    # no model error, unless the method's image needs one (mean = "linear-heldout" takes
-    # its step length from the held-out term): the coefficients are for the image shown
-    unc = UncertaintyConfig.from_dict(dict(config.uncertainty))
-    need = unc.method_class.required_model_error(unc.method_settings)
-    config = config.merged({"uncertainty": {"model_error": need or "none"}})
+    config = config.merged({"uncertainty": {"model_error": _term_of_the_image(config, size)
+                                                      or "none"}})
     if families is not None:
         bad = [f for f in families if f not in FAMILIES["tuning"]]
         if bad:
