@@ -1,8 +1,5 @@
 """scripts/diag_tf32_products.py: its TF32 emulation rounds what it says and nothing else."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from torch.func import jvp, vjp, vmap
@@ -10,17 +7,14 @@ from torch.func import jvp, vjp, vmap
 from ctuq.models.unet import build_unet
 from ctuq.posterior.linearize import Linearization
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "diag_tf32_products.py"
+from conftest import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("diag_tf32_products", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("diag_tf32_products")
 
 
 @pytest.mark.parametrize("bits", [10, 8])

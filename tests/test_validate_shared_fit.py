@@ -1,21 +1,16 @@
 """scripts/validate_shared_fit.py: its summary reads paired fits and the seed spread right."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "validate_shared_fit.py"
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("validate_shared_fit", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("validate_shared_fit")
 
 
 def _row(case, family, seed, ref, shared, seconds=(10.0, 8.0, 5.0)):
