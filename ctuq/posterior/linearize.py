@@ -412,8 +412,7 @@ class Linearization:
         return jvp(lambda th: self._f_raw(th).reshape(self.image_shape),
                    (self.theta_hat,), (v,))[1]
 
-    @in_full_float32
-    def _get_vjp_fn(self) -> Callable:
+    def _get_vjp_fn(self) -> Callable:  # called from vjp() and dense(), in full float32
         if self._vjp_fn is None:
             _, self._vjp_fn = vjp(lambda th: self._f_raw(th).reshape(self.image_shape),
                                   self.theta_hat)
