@@ -342,3 +342,12 @@ def test_heldout_gradient_matches_finite_differences_and_the_search_finds_the_op
                   options={"xatol": 1e-4, "fatol": 1e-12, "maxiter": 1000})
     m = len(lik.r)
     assert lik.nll(math.log(c.t0), math.log(c.s1)) * m <= nm.fun * m + 1e-4
+
+
+@pytest.mark.parametrize("name", list(me.MODEL_ERROR_TERMS))
+def test_makes_fit_first_says_which_terms_make_a_fit_first(name):
+    # ctuq calibrate and the shared DIP fit both read the flag instead of naming a term:
+    # it must be set exactly where fit_first is overridden (the term has a fit to share)
+    cls = me.MODEL_ERROR_TERMS[name]
+    overrides = cls.fit_first is not me.ModelErrorTerm.fit_first
+    assert cls.makes_fit_first == overrides

@@ -74,18 +74,21 @@ def _term_of_the_image(config: ReconstructionConfig, size: int) -> str | None:
     """The model-error term the image of the settings (at ``size``²) depends on, or None.
 
     The coefficients are for the image a reconstruction shows, fitted with no
-    model error where the image does not need one. Two settings need the
-    held-out term: ``mean = "linear-heldout"`` (its step length is chosen on
-    the held-out projections), and ``dip_from_heldout > 0`` with the held-out
-    term (the DIP fit continues from the held-out fit: without the term it
-    would be a plain fit, about 1 dB worse at 64², docs/speed.md).
+    model error where the image does not need one. Two settings need a term:
+    one the uncertainty method requires (``mean = "linear-heldout"`` chooses
+    its step length on the held-out projections), and ``dip_from_heldout > 0``
+    with a term that makes a fit first (``ModelErrorTerm.makes_fit_first``:
+    the DIP fit continues from it; without the term it would be a plain fit,
+    about 1 dB worse at 64², docs/speed.md).
     """
-    from ctuq.recon.model_error.names import HELDOUT
+    from ctuq.recon.model_error import MODEL_ERROR_TERMS
 
     unc = config.resolve((int(size), int(size)))[1]  # with the preset's defaults
     need = unc.method_class.required_model_error(unc.method_settings)
-    shared = unc.model_error == HELDOUT and float(unc.dip_from_heldout) > 0
-    return need or (HELDOUT if shared else None)
+    term = MODEL_ERROR_TERMS.get(unc.model_error)
+    shared = (term is not None and term.makes_fit_first
+              and float(unc.dip_from_heldout) > 0)
+    return need or (unc.model_error if shared else None)
 
 
 def calibrate(size: int, config: ReconstructionConfig | None = None, *,

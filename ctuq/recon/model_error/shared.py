@@ -23,16 +23,17 @@ def dip_fit(problem, term=None, *, progress=None, cancel=None):
     problem : ReconstructionProblem
         ``y``, ``op``, ``dip`` (settings), ``noise``, ``uncertainty``.
     term : ModelErrorTerm, optional
-        The run's model-error term; only a term whose
-        :meth:`~ctuq.recon.model_error.terms.ModelErrorTerm.fit_first` makes a
-        fit (the held-out one) shares it, and only when ``dip_from_heldout > 0``.
+        The run's model-error term; only a term that makes a fit first
+        (``makes_fit_first``, the held-out one:
+        :meth:`~ctuq.recon.model_error.terms.ModelErrorTerm.fit_first`) shares
+        it, and only when ``dip_from_heldout > 0``.
     progress, cancel : callable, optional
     """
     from ctuq.recon.dip import fit_dip
 
     share = float(problem.uncertainty.dip_from_heldout)
     held = (term.fit_first(problem, progress=progress, cancel=cancel)
-            if share > 0 and term is not None else None)
+            if share > 0 and term is not None and term.makes_fit_first else None)
     if held is None:
         return fit_dip(problem.y, problem.op, problem.dip, noise_std=problem.noise.std,
                        ray_variance=problem.noise.ray_variance, progress=progress,

@@ -170,6 +170,10 @@ class ModelErrorTerm:
     name: ClassVar[str] = ""
     #: Needs a calibration (a file, or a shipped one): checked with the settings.
     needs_calibration: ClassVar[bool] = False
+    #: Makes a DIP fit before the fit on all angles (:meth:`fit_first`), which
+    #: that fit continues from when ``dip_from_heldout > 0``: the image then
+    #: depends on the term (read by ``ctuq calibrate`` as well).
+    makes_fit_first: ClassVar[bool] = False
 
     def __init__(self, settings, preset: str, *, shipped: bool = True):
         self.settings, self.preset, self.shipped = settings, preset, bool(shipped)
@@ -278,6 +282,7 @@ class HeldoutTerm(ModelErrorTerm):
     calibration as a lower bound."""
 
     name = HELDOUT
+    makes_fit_first = True
     #: ``(mask, held-out fit)`` when :meth:`fit_first` made the fit, else None.
     _first = None
 
