@@ -72,6 +72,9 @@ def main(argv=None):
     ap.add_argument("--split", default="validation",
                     help="the split the rows come from, recorded (a test split's refit reports "
                          "the chosen setting; it chooses nothing)")
+    ap.add_argument("--variant", default="",
+                    help="tune the run's variant NAME (bench_calibration --variant NAME:...) "
+                         "instead of its default reconstruction")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: every fit is a small Cholesky, and more "
                          "threads than free cores stall a shared machine)")
@@ -83,7 +86,8 @@ def main(argv=None):
                              calibration_floor=args.calibration_floor,
                              excess_thresholds=[float(t) for t in
                                                 args.excess_thresholds.split(",") if t],
-                             noise_rules=[r for r in args.noise_rules.split(",") if r])
+                             noise_rules=[r for r in args.noise_rules.split(",") if r],
+                             suffix=f"_{args.variant}" if args.variant else "")
     dump_json({**tuned, "split": args.split})
 
 

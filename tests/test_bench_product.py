@@ -135,3 +135,27 @@ def test_kept_likelihood_is_the_one_the_run_judged_its_stepped_image_with(tmp_pa
     (fit,) = tuned["cases"]
     for k in ("t0", "s1"):
         assert fit["inf"][k] == pytest.approx(row["coefficients"]["heldout_mle"][k], abs=1e-6)
+
+
+def test_a_variant_keeps_its_own_image_and_likelihood_for_the_tuning(tmp_path):
+    """A variant that fits another DIP (here fewer iterations) keeps its own image beside
+    the default's; tuning the variant refits its likelihood with its image and
+    reproduces its maximum-likelihood coefficients, the default's stay the default's."""
+    from ctuq.bench.tuning import tune_prior_width
+
+    _, preset, _, _, row = _quick_case(tmp_path, "ellipses",
+                                       variants=(("_short", {"dip": {"iterations": 25}}),))
+    kept = np.load(next((tmp_path / "arrays").glob("*.npz")))
+    assert np.abs(kept["x_hat"] - kept["x_hat_short"]).max() > 0
+    for suffix in ("", "_short"):
+        tuned = tune_prior_width([row], tmp_path / "arrays",
+                                 tmp_path / "cal" / f"{preset}.json", [float("inf")],
+                                 suffix=suffix)
+        (fit,) = tuned["cases"]
+        for k in ("t0", "s1"):
+            assert fit["inf"][k] == pytest.approx(
+                row["coefficients"]["heldout_mle" + suffix][k], abs=1e-6)
+        # scored with the variant's own image: the MLE's scores are the row's
+        for k in ("coverage_2", "pixel_log_likelihood"):
+            assert fit["inf"][k] == pytest.approx(row["methods"]["heldout_mle" + suffix][k],
+                                                  abs=1e-4)

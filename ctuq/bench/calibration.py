@@ -300,7 +300,7 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
         r = result_methods(result, truth, calibration, suffix)
         for key in ("methods", "coefficients", "times_s"):
             out[key].update(r[key])
-        arrays["x_hat"] = np.asarray(result.reconstruction)
+        arrays["x_hat" + suffix] = np.asarray(result.reconstruction)  # a variant's own DIP
         arrays["var_post" + suffix] = np.asarray(result.posterior_std, np.float64) ** 2
         if likelihoods:  # the held-out term's likelihood (absent without that term)
             arrays.update({f"heldout{suffix}_{k}": v

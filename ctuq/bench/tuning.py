@@ -110,20 +110,25 @@ def _arrays(folder, case_id: str) -> Path:
     return Path(folder) / (case_id.replace("/", "_") + ".npz")
 
 
-def _kept_case(folder, case_id: str):
-    """``(held-out likelihood, truth, x̂, posterior variance)`` a run kept for a case, or
-    None where it kept no arrays; the likelihood is None where the run had no held-out
-    term."""
+def _kept_case(folder, case_id: str, suffix: str = ""):
+    """``(held-out likelihood, truth, x̂, posterior variance)`` a run kept for a case
+    (of its variant ``suffix``, e.g. ``'_autoc'``; ``''`` the default reconstruction),
+    or None where it kept no arrays; the likelihood is None where the run had no
+    held-out term."""
     from ctuq.recon.model_error import HeldoutLikelihood
 
     npz = _arrays(folder, case_id)
     if not npz.exists():
         return None
     a = np.load(npz)
-    lik = HeldoutLikelihood.from_arrays({k[len("heldout_"):]: a[k] for k in a.files
-                                         if k.startswith("heldout_")}) \
-        if "heldout_r" in a.files else None
-    return lik, a["truth"], torch.as_tensor(a["x_hat"]), torch.as_tensor(a["var_post"])
+    prefix = f"heldout{suffix}_"
+    lik = HeldoutLikelihood.from_arrays({k[len(prefix):]: a[k] for k in a.files
+                                         if k.startswith(prefix)}) \
+        if prefix + "r" in a.files else None
+    # runs before 2026-11-28 kept one x_hat, the last reconstruction's (a variant's
+    # where the run had variants)
+    x_hat = a["x_hat" + suffix] if "x_hat" + suffix in a.files else a["x_hat"]
+    return lik, a["truth"], torch.as_tensor(x_hat), torch.as_tensor(a["var_post" + suffix])
 
 
 def row_fit_record(row: dict, x_hat) -> dict:
@@ -146,13 +151,13 @@ def row_fit_record(row: dict, x_hat) -> dict:
                       / problem.scale)
 
 
-def row_fit_excess(row: dict, x_hat, record: dict | None = None) -> float:
+def row_fit_excess(row: dict, x_hat, record: dict | None = None, suffix: str = "") -> float:
     """The fit's excess (``chi2_dof`` of :func:`~ctuq.recon.model_error.terms.fit_record`)
     of a benchmark row's image ``x_hat`` ``(H, W)``: the row's own record where it has
     one, else that of ``record`` (:func:`row_fit_record`, when already made), else
     measured on the case's scan simulated again (a realistic one on the centre that
     ``center_offset = 'auto'`` estimates, as the benchmark ran it)."""
-    stored = ((row.get("coefficients") or {}).get(HELDOUT) or {}).get("fit_excess")
+    stored = ((row.get("coefficients") or {}).get(HELDOUT + suffix) or {}).get("fit_excess")
     if stored is not None:
         return float(stored)
     return float((record or row_fit_record(row, x_hat))["chi2_dof"])
@@ -160,7 +165,7 @@ def row_fit_excess(row: dict, x_hat, record: dict | None = None) -> float:
 
 def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
                      floor: bool = False, calibration_floor: bool = False,
-                     excess_thresholds=(), noise_rules=()) -> dict:
+                     excess_thresholds=(), noise_rules=(), suffix: str = "") -> dict:
     """Score every width of the held-out fit's prior on stored scans.
 
     Parameters
@@ -196,6 +201,9 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         and verdict measured by :func:`row_fit_record`; ``'given'``: the run's ``σ²``); the
         other candidates read the residuals as the run did (the kept likelihood's own
         ``noise_scale``). Candidates of the rule too. Default none.
+    suffix : str
+        The run's variant to tune (``--variant NAME:...`` of ``bench_calibration.py``
+        is ``'_NAME'``). Default ``''``: the default reconstruction.
 
     Returns
     -------
@@ -212,14 +220,14 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
     per_width: dict[str, list] = {}  # candidate -> its scores per image, in order
     per_case = []
     for r in sorted(rows, key=lambda r: r["id"]):
-        kept = _kept_case(arrays, r["id"])
+        kept = _kept_case(arrays, r["id"], suffix)
         if kept is None:
             continue
         lik, truth, x_hat, var_post = kept
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         record = row_fit_record(r, x_hat) if noise_rules else None  # the verdict too
         if excess_thresholds or noise_rules:
-            row["fit_excess"] = row_fit_excess(r, x_hat, record)
+            row["fit_excess"] = row_fit_excess(r, x_hat, record, suffix)
         if record is not None:
             row["verdict"] = record["verdict"]
         mle = lik.fit()
