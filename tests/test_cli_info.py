@@ -38,6 +38,16 @@ def test_sinogram_info_describes_the_geometry(tmp_path, capsys, geometry):
     assert "1.5 detector pixels left of the detector centre" in text
 
 
+def test_raw_frames_without_a_centre_say_it_will_be_estimated(tmp_path, capsys):
+    from ctuq.data.realistic import simulate_realistic
+
+    path = simulate_realistic("ellipses", 16, 12, seed=1, phantom_seed=1).write(
+        tmp_path / "raw.nxs")
+    text = _unwrapped(_info(path, capsys))
+    assert "centre of rotation not given: estimated from the data when reconstructed" in text
+    assert "detector centre (offset 0)" not in text and "center offset" not in text
+
+
 def test_irregular_angles_say_so():
     from ctuq.app._cli_output import describe_angles
 

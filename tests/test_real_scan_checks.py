@@ -367,6 +367,37 @@ def test_center_offset_auto_through_a_file(tmp_path):
     assert back.config == r.config
 
 
+def test_raw_frames_without_a_stated_centre_get_it_estimated(tmp_path):
+    """A scanner's raw frames rarely state the centre: the reader marks it 'auto' and the
+    reconstruction estimates it; a centre the user (or the file) states is used as given."""
+    import json
+
+    from ctuq.data.io import read_sinogram
+    from ctuq.data.realistic import simulate_realistic
+    from ctuq.recon.pipeline import reconstruct_file
+
+    scan = simulate_realistic("rectangles", 24, 36, I0=1e5, center_offset=2.0, seed=3,
+                              phantom_seed=3)
+    src = scan.write(tmp_path / "raw.nxs")
+    with h5py.File(src, "r") as f:  # the file does not state the centre it does not know
+        assert "center_offset" not in json.loads(f["entry/ctuq/geometry"][()])
+    assert read_sinogram(src).meta["center_offset"] == "auto"
+    r = reconstruct_file(src, tmp_path / "r.h5", TINY_24, isolate=False)
+    c = read_result(tmp_path / "r.h5").diagnostics["center"]
+    assert c["requested"] == "auto" and abs(c["used"] - 2.0) < 0.5
+    assert r.geometry.center_offset == pytest.approx(c["used"])
+    stated = reconstruct_file(src, tmp_path / "r0.h5", TINY_24, isolate=False,
+                              center_offset=0.0)
+    assert stated.geometry.center_offset == 0.0 and "center" not in stated.diagnostics
+    # the same frames written with a stated centre: used as stated
+    from ctuq.data.io import write_sinogram
+
+    plain = Sinogram(scan.line_integrals, scan.geometry, ground_truth=scan.truth)
+    path = write_sinogram(tmp_path / "stated.nxs", plain, frames={
+        "projections": scan.projections, "flats": scan.flats, "darks": scan.darks})
+    assert "center_offset" not in read_sinogram(path).meta
+
+
 def test_integer_file_is_noted_once(measured, tmp_path, caplog):
     from ctuq.recon.pipeline import reconstruct_file
 

@@ -237,6 +237,7 @@ def test_nxtomo_round_trip_of_the_raw_frames(tmp_path):
         np.testing.assert_array_equal(sino.ground_truth, scan.truth)
         assert sino.noise_std is None and "noise_level" not in sino.meta
         assert sino.meta["n_flats"] == 20 and sino.meta["n_darks"] == 10
+        assert sino.meta["center_offset"] == scan.sinogram().meta["center_offset"] == "auto"
     assert hidden == json.loads(json.dumps(scan.hidden))
     np.testing.assert_allclose(sino.data, scan.sinogram().data, rtol=1e-6, atol=1e-6)
     with pytest.raises(InputError) as err:       # counts are not line integrals

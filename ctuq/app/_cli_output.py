@@ -232,8 +232,9 @@ def describe_angles(angles_deg) -> str:
             f"(spanning {_num(np.ptp(a))}°)")
 
 
-def geometry_rows(g) -> list[tuple[str, str]]:
-    """A :class:`~ctuq.data.geometry.Geometry` in words, one row per aspect."""
+def geometry_rows(g, *, center_auto: bool = False) -> list[tuple[str, str]]:
+    """A :class:`~ctuq.data.geometry.Geometry` in words, one row per aspect
+    (``center_auto``: the centre is to be estimated from the data)."""
     h, w = g.image_shape
     p = g.pixel_size
     beam = f"{g.beam} beam"
@@ -244,7 +245,9 @@ def geometry_rows(g) -> list[tuple[str, str]]:
             ("image", f"{h} × {w} pixels of {_num(p)} mm ({_num(h * p)} × {_num(w * p)} mm)"),
             ("detector", f"{g.n_detector} pixels of {_num(g.detector_spacing)} mm")]
     off = g.center_offset
-    rows.append(("centre of rotation", "the detector centre (offset 0)" if off == 0 else
+    rows.append(("centre of rotation", "not given: estimated from the data when "
+                 "reconstructed (center_offset auto)" if center_auto else
+                 "the detector centre (offset 0)" if off == 0 else
                  f"{_num(abs(off))} detector pixels {'right' if off > 0 else 'left'} of the "
                  f"detector centre (offset {_num(off)})"))
     if any(g.image_offset):
@@ -441,10 +444,12 @@ def sinogram_rows(s) -> list[tuple[str, str]]:
     text = f"{shape[-2]} angles × {shape[-1]} detector pixels"
     if len(shape) == 3:
         text = f"{shape[0]} slices of {text}"
+    from ctuq.data.io.options import is_auto
+
     rows = [("sinogram", text)]
-    rows += geometry_rows(s.geometry)
-    rows.append(("ground truth", "yes" if s.ground_truth is not None else "no"))
     meta = dict(s.meta)
+    rows += geometry_rows(s.geometry, center_auto=is_auto(meta.pop("center_offset", None)))
+    rows.append(("ground truth", "yes" if s.ground_truth is not None else "no"))
     if meta.pop("angles_assumed", False):
         rows.append(("note", "the file has no angles: equispaced ones were assumed"))
     for k, v in meta.items():

@@ -356,7 +356,9 @@ class RealisticScan:
 
         Line integrals from the counts with their delta-method variance
         (as the NXtomo reader derives them), the nominal geometry (no centre
-        offset), ``meta`` without any noise level, the truth as ground truth.
+        offset), ``meta`` without any noise level and with ``center_offset =
+        'auto'`` (raw frames whose centre no source states: the reader's rule,
+        :func:`ctuq.data.io.read_sinogram`), the truth as ground truth.
 
         Returns
         -------
@@ -364,8 +366,10 @@ class RealisticScan:
         """
         from ctuq.data.io.sinogram import Sinogram
 
+        from ctuq.data.io.options import AUTO
+
         meta = {**self.meta, "flat_dark_corrected": True, "n_flats": int(len(self.flats)),
-                "n_darks": int(len(self.darks))}
+                "n_darks": int(len(self.darks)), "center_offset": AUTO}
         y, variance = _counts_to_line_integrals(self.projections, self.flats, self.darks)
         return Sinogram(y.astype(np.float32), self.geometry, meta, self.truth,
                         variance=variance.astype(np.float32))

@@ -43,6 +43,7 @@ from ctuq.data.io._atomic import atomic_output
 from ctuq.data.io._common import (angles_rad, attr_str, check_array, check_shape, dumps,
                                   length_mm, loads)
 from ctuq.data.io._loaded import Loaded, quantity_is_raw, to_line_integrals
+from ctuq.data.io.options import is_auto
 from ctuq.data.io.sinogram import Sinogram
 from ctuq.errors import InputError
 
@@ -348,7 +349,10 @@ def _write(f, s: Sinogram, meta: dict, meta_json: str, raw=None,
     nxdata["image_key"] = H.h5py.SoftLink("/entry/instrument/detector/image_key")
 
     coll = H.new_group(entry, "ctuq", "NXcollection")
-    H.write_str(coll, "geometry", dumps(g.to_dict(), field="geometry"))
+    gdict = g.to_dict()
+    if is_auto(meta.get("center_offset")):  # the centre is not known: the file does not state it
+        gdict.pop("center_offset")
+    H.write_str(coll, "geometry", dumps(gdict, field="geometry"))
     H.write_array(coll, "angles_rad", np.asarray(g.angles, dtype=np.float64), units="rad")
     H.write_str(coll, "meta", meta_json)
     H.write_str(coll, "version", _version())

@@ -25,6 +25,7 @@ from ctuq.data.io._common import (angles_rad, attr_str, check_array, check_input
                                   read_limits, sniff)
 from ctuq.data.io._loaded import Loaded, quantity_is_raw, to_line_integrals
 from ctuq.data.io.nxtomo import is_nxtomo_entry, load_nxtomo, nxtomo_entries
+from ctuq.data.io.options import AUTO, is_auto
 from ctuq.data.io.result_file import is_result_file
 from ctuq.data.io.sidecar import read_sidecar, sidecar_path
 from ctuq.data.io.sinogram import Sinogram
@@ -458,7 +459,10 @@ def read_sinogram(path, *, dataset: str | None = None, angles=None, geometry=Non
         (mm), ``n_detector``, ``angle_first``/``angle_last``/``n_angles``
         (equispaced, both ends included), ``n_angles`` alone (equispaced over
         180 deg, 360 deg for fan beam, when no source gives angles),
-        ``angle_unit`` ('deg'/'rad'), ``center_offset`` (detector pixels).
+        ``angle_unit`` ('deg'/'rad'), ``center_offset`` (detector pixels, or
+        ``'auto'``). Raw frames (flats/darks) whose centre no source states
+        get ``meta['center_offset'] = 'auto'``: the reconstruction estimates
+        the centre from the data (:func:`ctuq.data.center.estimate_center_offset`).
 
     Returns
     -------
@@ -546,6 +550,13 @@ def read_sinogram(path, *, dataset: str | None = None, angles=None, geometry=Non
         geom = _resolve.resolve(part, n_angles_data=n_rows, n_detector_data=n_det,
                                 n_angles_opt=n_angles, detector_distance=loaded.detector_distance,
                                 file=p)
+        if "center_offset" in part:  # stated (file or options): it answers an 'auto'
+            if is_auto(meta.get("center_offset")):
+                meta.pop("center_offset")
+        elif meta.get("flat_dark_corrected"):
+            # a scanner's raw frames without a stated centre: estimated from the data by
+            # the reconstruction (the detector centre is rarely the axis to 0.1 px)
+            meta["center_offset"] = AUTO
         meta.update(source=os.path.abspath(p), format=loaded.format)
         sino = Sinogram(data, geom, meta, loaded.ground_truth, variance=loaded.variance)
     log.info("read %s: %s, %s", p, loaded.format, sino.geometry)
