@@ -440,12 +440,12 @@ def _metric_rows(metrics: dict) -> list[tuple[str, str]]:
 
 def sinogram_rows(s) -> list[tuple[str, str]]:
     """What ``ctuq info`` shows of a :class:`~ctuq.data.io.Sinogram`."""
+    from ctuq.data.io.options import is_auto
+
     shape = s.data.shape
     text = f"{shape[-2]} angles × {shape[-1]} detector pixels"
     if len(shape) == 3:
         text = f"{shape[0]} slices of {text}"
-    from ctuq.data.io.options import is_auto
-
     rows = [("sinogram", text)]
     meta = dict(s.meta)
     rows += geometry_rows(s.geometry, center_auto=is_auto(meta.pop("center_offset", None)))

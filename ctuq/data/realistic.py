@@ -364,9 +364,8 @@ class RealisticScan:
         -------
         ctuq.data.io.Sinogram
         """
-        from ctuq.data.io.sinogram import Sinogram
-
         from ctuq.data.io.options import AUTO
+        from ctuq.data.io.sinogram import Sinogram
 
         meta = {**self.meta, "flat_dark_corrected": True, "n_flats": int(len(self.flats)),
                 "n_darks": int(len(self.darks)), "center_offset": AUTO}
