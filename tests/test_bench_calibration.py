@@ -93,8 +93,8 @@ def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
                           "--calibration", str(cal), "--widths", "0.5,inf"], cwd=ROOT,
                          stdout=subprocess.PIPE, text=True, check=True, timeout=120)
     out = json.loads(res.stdout)
-    direct = clean(tuning.tune_prior_width([{"id": "validation/ellipses/0/16/20/5", "condition": "c",
-                                       "family": "ellipses"}], tmp_path, cal, [0.5, math.inf]))
+    row = {"id": "validation/ellipses/0/16/20/5", "condition": "c", "family": "ellipses"}
+    direct = clean(tuning.tune_prior_width([row], tmp_path, cal, [0.5, math.inf]))
     assert direct["summary"] == out["summary"] and direct["chosen"] == out["chosen"]
     (case,) = out["cases"]
     assert case["inf"]["t0"] < 1e-3  # nothing seen: maximum likelihood drops it
@@ -268,3 +268,36 @@ def test_run_settings_reach_every_reconstruction_under_the_variants_own():
         case, run, {"uncertainty": {"laplace": {"em_steps": 1}}})
     dip, unc = variant.resolve((28, 28))
     assert (unc.laplace.mean, unc.laplace.em_steps, dip.lr) == ("linear", 1, 2e-3)
+
+
+def test_fit_calibration_script_recovers_the_edge_term_of_kept_tuning_arrays(tmp_path):
+    # truths drawn from exactly the calibrated model (s1 = 0.3, no constant term): the
+    # script fits what ctuq calibrate fits, from a benchmark run's kept arrays
+    gen = np.random.default_rng(4)
+    rows = []
+    for i in range(6):
+        x_hat = ellipses(32, seed=200 + i).astype(np.float64)
+        vp = gen.uniform(0.5, 1.5, x_hat.shape) * 1e-4
+        var = vp + me.model_error_variance(x_hat, vp, 0.0, 0.3).numpy()
+        truth = x_hat + gen.standard_normal(x_hat.shape) * np.sqrt(var)
+        case = f"tuning/ellipses/{i}/32/60/I1e4"
+        np.savez(tmp_path / (case.replace("/", "_") + ".npz"), truth=truth, x_hat=x_hat,
+                 var_post=vp)
+        rows.append({"id": case, "split": "tuning", "family": "ellipses", "size": 32,
+                     "n_angles": 60, "I0": 1e4, "preset": "dip-64"})
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "cal.json"
+    cmd = [sys.executable, "scripts/fit_calibration.py", "--partial", str(tmp_path / "rows.jsonl"),
+           "--arrays", str(tmp_path), "--out", str(out), "--condition", "realistic"]
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=120, stdout=subprocess.PIPE)
+    co = me.ModelErrorCoefficients.load(out)
+    assert abs(co.s1 - 0.3) < 0.03 and co.t0 < 0.1 and co.method == "calibrated"
+    assert co.info["split"] == "tuning" and co.info["condition"] == "realistic"
+    assert co.info["n_images"] == 6 and co.info["I0"] == [1e4]
+    # a validation row is refused: a calibration is fitted on the tuning split only
+    rows[0]["split"] = "validation"
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bad = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, timeout=120)
+    assert bad.returncode != 0 and "tuning split only" in bad.stderr
+    assert me.ModelErrorCoefficients.load(out) == co  # the earlier file is left as it was
