@@ -9,7 +9,9 @@ images a calibration benchmark already made and kept, for example with
 output and needs its own calibration
 (``ctuq/recon/model_error_defaults/<preset>.<image>.json``). Only tuning-split
 cases are read: a calibration fitted on validation or test images would
-leak into every figure measured there.
+leak into every figure measured there. Scans ``ctuq calibrate`` cannot
+simulate (``bench_calibration.py --realistic``: photon counts, off-grid objects,
+a hidden centre) are calibrated the same way (``--condition realistic``).
 
 Usage::
 
@@ -40,6 +42,10 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="the calibration file to write (JSON)")
     ap.add_argument("--settings", default=None, metavar="KEY=VALUE[,KEY=VALUE]",
                     help="the run's --set, recorded as the settings the file is for")
+    ap.add_argument("--condition", default=None,
+                    help="the kind of scan the run made, recorded in the file (e.g. "
+                         "'realistic': bench_calibration.py --realistic, photon counts, "
+                         "off-grid objects, the centre estimated)")
     args = ap.parse_args(argv)
     rows = sorted(read_cases(args.partial, "id").values(), key=lambda r: r["id"])
     if not rows:
@@ -64,6 +70,9 @@ def main(argv=None):
         families=sorted({r["family"] for r in rows}), split="tuning",
         angles=sorted({int(r["n_angles"]) for r in rows}),
         noise_levels=sorted({r["noise"] for r in rows if r.get("noise") is not None}),
+        **({"I0": sorted({float(r["I0"]) for r in rows})} if any(r.get("I0") for r in rows)
+           else {}),
+        **({"condition": args.condition} if args.condition else {}),
         scans=used, made_by="scripts/calibrate_from_bench.py",
         uncertainty=settings.get("uncertainty", {}))
     fitted.save(args.out)

@@ -270,7 +270,7 @@ def test_run_settings_reach_every_reconstruction_under_the_variants_own():
     assert (unc.laplace.mean, unc.laplace.em_steps, dip.lr) == ("linear", 1, 2e-3)
 
 
-def test_fit_calibration_script_recovers_the_edge_term_of_kept_tuning_arrays(tmp_path):
+def test_calibrate_from_bench_recovers_the_edge_term_of_kept_realistic_arrays(tmp_path):
     # truths drawn from exactly the calibrated model (s1 = 0.3, no constant term): the
     # script fits what ctuq calibrate fits, from a benchmark run's kept arrays
     gen = np.random.default_rng(4)
@@ -287,8 +287,9 @@ def test_fit_calibration_script_recovers_the_edge_term_of_kept_tuning_arrays(tmp
                      "n_angles": 60, "I0": 1e4, "preset": "dip-64"})
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "cal.json"
-    cmd = [sys.executable, "scripts/fit_calibration.py", "--partial", str(tmp_path / "rows.jsonl"),
-           "--arrays", str(tmp_path), "--out", str(out), "--condition", "realistic"]
+    cmd = [sys.executable, "scripts/calibrate_from_bench.py", "--partial",
+           str(tmp_path / "rows.jsonl"), "--arrays", str(tmp_path), "--out", str(out),
+           "--condition", "realistic"]
     subprocess.run(cmd, cwd=ROOT, check=True, timeout=120, stdout=subprocess.PIPE)
     co = me.ModelErrorCoefficients.load(out)
     assert abs(co.s1 - 0.3) < 0.03 and co.t0 < 0.1 and co.method == "calibrated"
