@@ -33,7 +33,7 @@ import torch
 from scipy.optimize import minimize
 
 from ctuq.bench.runner import dump_json, read_cases
-from ctuq.bench.tuning import _kept_case, score_total, score_variance, summarise
+from ctuq.bench.tuning import kept_case, score_total, score_variance, summarise
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
 from ctuq.recon.model_error.coefficients import _VAR_MIN
 from ctuq.recon.model_error.names import HELDOUT
@@ -104,7 +104,7 @@ def main(argv=None):
     per: dict[str, list] = {}
     cases = []
     for r in sorted(read_cases(args.partial, "id").values(), key=lambda r: r["id"]):
-        kept = _kept_case(args.arrays, r["id"])
+        kept = kept_case(args.arrays, r["id"])
         if kept is None or kept[0] is None:
             continue
         lik, truth, x_hat, var_post = kept

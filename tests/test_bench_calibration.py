@@ -302,3 +302,38 @@ def test_calibrate_from_bench_recovers_the_edge_term_of_kept_realistic_arrays(tm
                          text=True, timeout=120)
     assert bad.returncode != 0 and "tuning split only" in bad.stderr
     assert me.ModelErrorCoefficients.load(out) == co  # the earlier file is left as it was
+
+
+def test_the_realistic_fbp_baseline_uses_the_centre_the_default_estimates():
+    """A realistic scan's FBP baseline is the FBP a user of the default gets, on the
+    estimated centre: a 2-px centre error does not cost it the image; rows scored at
+    offset 0 (no ``fbp_center_offset``) are scored again, others left as they are."""
+    import dataclasses
+
+    from ctuq.bench.cases import auto_center_record, realistic_cases, simulate
+    from ctuq.bench.scores import score
+    from ctuq.data.realistic import realistic_case
+    from ctuq.recon.baselines import fbp_variance
+
+    case = realistic_cases("validation", [64], 1)[-1]
+    assert case["I0"] == 1e5
+    sino, truth, hidden = realistic_case(case["split"], case["family"], case["index"], 64,
+                                         case["n_angles"], I0=case["I0"], center_offset=2.0)
+    scan = dataclasses.replace(simulate(case), y=torch.as_tensor(np.asarray(sino.data)),
+                               sinogram=sino, hidden=hidden)
+    center = auto_center_record(scan)
+    assert abs(center["used"] - 2.0) < 0.3
+    x0, v0, _ = fbp_variance(scan.y, scan.op, scan.sigma, seed=scan.noise_seed)
+    at_zero = score(truth, x0, v0.sqrt())
+    ours = bench_calibration.fbp_scores(scan, center)
+    assert ours["rmse"] < 0.7 * at_zero["rmse"]
+
+    old = {**case, "realistic": {"default": {}}, "methods": {"fbp": at_zero}}
+    kept = {**old, "methods": {"fbp": at_zero}, "fbp_center_offset": 0.0}
+    assert bench_calibration.refresh_fbp([old, kept]) == 1
+    fresh = simulate(case)
+    c = auto_center_record(fresh)
+    assert old["fbp_center_offset"] == c["used"]
+    assert old["methods"]["fbp"]["rmse"] == pytest.approx(
+        bench_calibration.fbp_scores(fresh, c)["rmse"], rel=1e-6)
+    assert kept["methods"]["fbp"] is at_zero

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from _offgrid import angles_180, offgrid_sinogram
-from ctuq.data.center import estimate_center_offset
+from ctuq.data.center import center_offset_std, estimate_center_offset
 from ctuq.data.geometry import Geometry
 from ctuq.data.operators import RayTransform
 from ctuq.data.splits import Case
@@ -94,3 +94,47 @@ def test_bad_input():
         estimate_center_offset(np.zeros((3, 10)), np.zeros(4))
     with pytest.raises(InputError):
         estimate_center_offset(np.zeros((3, 10)), np.arange(3.0), method="x")
+
+
+@pytest.mark.parametrize("kind,method", [("half-turn", "vo"), ("full-turn", "mirror")])
+def test_center_std_is_the_spread_of_the_estimate_over_the_noise(kind, method):
+    """The bootstrap std of one scan's estimate matches how far the estimates of the
+    same object under 12 other noise draws spread (the ratio within 0.6–1.7, about the
+    sampling error of two 12–16-draw stds), and grows with the noise."""
+    angles = _angles(kind, 30)
+    clean = offgrid_sinogram(Case("validation", "ellipses", 41, 4 * 32).image(), 32, angles,
+                             center_offset=0.3)
+    sigma = 0.2 * np.abs(clean).mean()
+    gen = np.random.default_rng(5)
+    draws = [clean + sigma * gen.standard_normal(clean.shape) for _ in range(13)]
+    ests = [estimate_center_offset(y, angles) for y in draws]
+    assert {e.method for e in ests} == {method}
+    spread = np.std([e.offset for e in ests[1:]])
+    std = center_offset_std(draws[0], angles, ests[0], sigma ** 2)
+    assert 0.6 < std / spread < 1.7, (std, spread)
+    assert center_offset_std(draws[0], angles, ests[0], (sigma / 4) ** 2) < 0.5 * std
+
+
+def test_center_std_of_an_undetermined_estimate_is_nan():
+    angles = np.linspace(0, 0.6 * np.pi, 20)   # less than a half turn
+    y = _scan(0.0, angles, 0, size=24)
+    est = estimate_center_offset(y, angles)
+    assert math.isnan(est.offset) and math.isnan(center_offset_std(y, angles, est, 1e-4))
+
+
+@pytest.mark.parametrize("index,offset", [(0, 0.37), (1, -5.3), (2, 11.6)])
+def test_binned_coarse_search_finds_the_full_searchs_estimate(monkeypatch, index, offset):
+    """A wide detector's coarse search on binned rows (here 96 pixels binned by 3) lands
+    where the search of every shift at full resolution does."""
+    import ctuq.data.center as center
+
+    angles = angles_180(40)
+    y = _scan(offset, angles, index, size=96)
+    monkeypatch.setattr(center, "COARSE_WIDTH", 10**6)
+    full = estimate_center_offset(y, angles)
+    monkeypatch.setattr(center, "COARSE_WIDTH", 32)
+    binned = estimate_center_offset(y, angles)
+    assert binned.info["shifts"].size < full.info["shifts"].size / 2
+    assert binned.offset == pytest.approx(full.offset, abs=0.01)
+    assert binned.confidence == pytest.approx(full.confidence, abs=0.03)
+    assert abs(binned.offset - offset) < 0.5

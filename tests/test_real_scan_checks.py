@@ -126,6 +126,7 @@ def test_a_5px_centre_error_is_marked_untrustworthy_and_a_right_scan_is_not(seed
         sino, _, _ = make_scan({"split": "tuning", "family": "shepp-variant", "index": seed,
                                 "size": 24, "n_angles": 30, "error": err, "noise": 0.03,
                                 "noise_seed": 100 + seed})
+        assert "flat_dark_corrected" not in sino.meta  # Gaussian line integrals
         d = ctuq.reconstruct(sino, SMALL).diagnostics
         assert d["noise_source"] == "estimated"
         out[err] = d
@@ -239,8 +240,8 @@ def test_info_shows_the_verdict_the_stages_and_the_warnings(tmp_path, capsys):
                diagnostics={"verdict": "misfit", "reason": "χ²/dof 25.3 (threshold 8)",
                             "chi2_dof": 25.3, "threshold": 8.0, "chi2_per_angle": [1.0] * 20,
                             "warnings": ["12 % of something odd"],
-                            "center": {"used": 2.25, "estimate": 2.25, "confidence": 0.9,
-                                       "method": "vo"}},
+                            "center": {"used": 2.25, "estimate": 2.25, "std": 0.034,
+                                       "confidence": 0.9, "method": "vo"}},
                provenance={"stages": {"seconds": {"fbp": 0.5, "dip": 3.25, "total": 4.0},
                                       "counts": {"dip_iterations": 30}}})
     path = write_result(tmp_path / "r.h5", r)
@@ -249,7 +250,7 @@ def test_info_shows_the_verdict_the_stages_and_the_warnings(tmp_path, capsys):
     text = _unwrapped(capsys.readouterr().out)
     assert "misfit: χ²/dof 25.3 (threshold 8)" in text
     assert "12 % of something odd" in text
-    assert "offset used 2.25 px; estimate 2.25 px (vo, confidence 0.9)" in text
+    assert "offset used 2.25 px; estimate 2.25 ± 0.034 px (vo, confidence 0.9)" in text
     assert "4.00 total: fbp 0.50, dip 3.25" in text and "dip iterations 30" in text
 
 
@@ -293,7 +294,7 @@ def test_center_offset_auto_estimates_and_uses_the_offset():
                          image_size=24, center_offset="auto")
     c = r.diagnostics["center"]
     assert c["requested"] == "auto" and c["confidence"] >= 0.5
-    assert abs(c["estimate"] - 2.3) < 0.5
+    assert abs(c["estimate"] - 2.3) < 0.5 and 0 < c["std"] < 0.25
     assert r.geometry.center_offset == pytest.approx(c["estimate"]) == c["used"]
 
 

@@ -338,8 +338,9 @@ def diagnostic_rows(d: dict, residual=None) -> list[tuple[str, str]]:
         rows.append(("data consistency", line))
     c = d.get("center")
     if isinstance(c, dict):
-        est = c.get("estimate")
-        est = "undetermined" if est is None else f"{_num(est)} px"
+        est, std = c.get("estimate"), c.get("std")
+        est = "undetermined" if est is None else (
+            f"{_num(est)} ± {_num(std, 2)} px" if std is not None else f"{_num(est)} px")
         rows.append(("centre of rotation",
                      f"offset used {_num(c.get('used', 0.0))} px; estimate {est} "
                      f"({c.get('method', '?')}, confidence {_num(c.get('confidence', 0.0), 2)})"))

@@ -241,4 +241,5 @@ def realistic_record(scan, result, center: dict) -> dict:
             "center_offset_true": true_offset, "center_offset_auto": center["estimate"],
             "center_auto_error": (None if center["estimate"] is None
                                   else abs(center["estimate"] - true_offset)),
+            "center_auto_std": center.get("std"),
             "chi2_dof": diag.get("chi2_dof"), "verdict": diag.get("verdict")}

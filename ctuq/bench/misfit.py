@@ -83,8 +83,11 @@ def make_scan(case: dict):
         rows = np.sort(rng.choice(y.shape[0], size=k, replace=False))
         y[rows] = y[np.roll(rows, 1)]  # a cyclic shift: no row stays in place
     # the scan states its geometry (a centre included, wrong where the error says so):
-    # not the raw frames' "auto", which would let ctuq estimate the centre error away
-    meta = {k: v for k, v in sino.meta.items() if k not in ("noise_std", "center_offset")}
+    # not the raw frames' "auto", which would let ctuq estimate the centre error away;
+    # and it is line integrals with Gaussian noise, not raw frames
+    meta = {k: v for k, v in sino.meta.items()
+            if k not in ("noise_std", "center_offset", "flat_dark_corrected", "n_flats",
+                         "n_darks")}
     facts = {"sigma_true": sigma, "center_offset_hidden": hidden["center_offset"]}
     return Sinogram(y.astype(np.float32), g, meta, truth), truth, facts
 

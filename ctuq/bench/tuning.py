@@ -34,7 +34,7 @@ log = logging.getLogger("ctuq.bench.tuning")
 
 __all__ = ["KEYS", "LL_SLACK", "score_total", "score_variance", "summarise", "choose_width",
            "choose_split", "tune_prior_width", "tune_split", "choose_correlation_length",
-           "tune_correlation_length"]
+           "tune_correlation_length", "kept_case"]
 
 #: The scores a tuning rule looks at, and ±1σ beside them: a wider interval never passes
 #: for a better one unseen (the rules do not read it yet).
@@ -110,7 +110,7 @@ def _arrays(folder, case_id: str) -> Path:
     return Path(folder) / (case_id.replace("/", "_") + ".npz")
 
 
-def _kept_case(folder, case_id: str, suffix: str = ""):
+def kept_case(folder, case_id: str, suffix: str = ""):
     """``(held-out likelihood, truth, x̂, posterior variance)`` a run kept for a case
     (of its variant ``suffix``, e.g. ``'_autoc'``; ``''`` the default reconstruction),
     or None where it kept no arrays; the likelihood is None where the run had no
@@ -220,7 +220,7 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
     per_width: dict[str, list] = {}  # candidate -> its scores per image, in order
     per_case = []
     for r in sorted(rows, key=lambda r: r["id"]):
-        kept = _kept_case(arrays, r["id"], suffix)
+        kept = kept_case(arrays, r["id"], suffix)
         if kept is None:
             continue
         lik, truth, x_hat, var_post = kept
@@ -384,7 +384,7 @@ def tune_correlation_length(rows: list[dict], arrays, lengths, *, calibration=No
     per_length: dict[str, list] = {}
     per_case, skipped = [], []
     for r in sorted(rows, key=lambda r: r["id"]):
-        kept = _kept_case(arrays, r["id"])
+        kept = kept_case(arrays, r["id"])
         if kept is None or kept[0] is None or kept[0].image is None:
             skipped.append(r["id"])
             continue

@@ -190,7 +190,24 @@ def data_warnings(sinogram) -> list[str]:
     return out
 
 
-def auto_center(sinogram):
+def _noise_variance(sinogram, noise_std=None):
+    """The line integrals' noise variance for the centre's std: per ray from counts,
+    else the noise level stated (``noise_std``, else the file's), else the estimate
+    from the air (:func:`ctuq.recon.baselines.estimate_noise_std`, per slice)."""
+    from ctuq.recon.baselines import estimate_noise_std
+
+    if sinogram.variance is not None:
+        return np.asarray(sinogram.variance, dtype=np.float64)
+    sigma = sinogram.meta.get("noise_std") if noise_std is None else noise_std
+    if isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0:
+        return np.float64(sigma) ** 2
+    data = np.asarray(sinogram.data, dtype=np.float64)
+    rows = data if data.ndim == 3 else data[None]
+    per_slice = np.array([estimate_noise_std(r) ** 2 for r in rows])[:, None, None]
+    return per_slice if data.ndim == 3 else per_slice[0]
+
+
+def auto_center(sinogram, noise_std: float | None = None):
     """``center_offset = "auto"``: the centre of rotation estimated from the data.
 
     :func:`ctuq.data.center.estimate_center_offset` (``method='auto'``) on the
@@ -199,33 +216,48 @@ def auto_center(sinogram):
     undetermined one, or a fan-beam geometry falls back to an offset of 0
     with a warning.
 
+    Parameters
+    ----------
+    sinogram : Sinogram
+    noise_std : float, optional
+        The line integrals' noise std, for the estimate's std, where the
+        sinogram has no per-ray variance. Default: the file's ``noise_std``,
+        else estimated from the data.
+
     Returns
     -------
     sinogram : Sinogram
         With the offset used in its geometry.
     record : dict
         JSON-able: ``requested`` (``'auto'``), ``estimate`` (px, or None when
-        undetermined), ``confidence``, ``method``, ``used`` (px).
+        undetermined), ``std`` (px: the estimate's std under the data's noise,
+        :func:`ctuq.data.center.center_offset_std`; None when undetermined),
+        ``confidence``, ``method``, ``used`` (px).
     note : str or None
         The warning when the estimate was not used (also logged).
     """
     from dataclasses import replace
 
-    from ctuq.data.center import estimate_center_offset
+    from ctuq.data.center import center_offset_std, estimate_center_offset
     from ctuq.data.io import Sinogram
 
     g = sinogram.geometry
     data = np.asarray(sinogram.data, dtype=np.float64)
+    variance = _noise_variance(sinogram, noise_std)
     if data.ndim == 3:
-        data = data.sum(axis=0)
+        data, variance = data.sum(axis=0), np.broadcast_to(variance, data.shape).sum(axis=0)
+    std = None
     if g.beam != "parallel":
         est, conf, method = None, 0.0, "none"
         reason = "the centre is estimated for parallel beam only"
     else:
-        e = estimate_center_offset(data, np.asarray(g.angles, dtype=np.float64), method="auto")
+        angles = np.asarray(g.angles, dtype=np.float64)
+        e = estimate_center_offset(data, angles, method="auto")
         est = float(e.offset) if math.isfinite(e.offset) else None
         conf, method = float(e.confidence), e.method
         reason = str(e.info.get("reason", f"confidence {conf:.2f} < {MIN_CENTER_CONFIDENCE}"))
+        if est is not None:
+            std = center_offset_std(data, angles, e, variance)
     use = est is not None and conf >= MIN_CENTER_CONFIDENCE
     used = est if use else 0.0
     note = None
@@ -234,8 +266,8 @@ def auto_center(sinogram):
         note = (f"center_offset auto: the centre of rotation could not be estimated reliably "
                 f"({reason}); using offset 0")
         log.warning("%s%s", f"{src}: " if src else "", note)
-    record = {"requested": "auto", "estimate": est, "confidence": conf, "method": method,
-              "used": float(used)}
+    record = {"requested": "auto", "estimate": est, "std": std, "confidence": conf,
+              "method": method, "used": float(used)}
     geometry = replace(g, center_offset=float(used))
     return (Sinogram(sinogram.data, geometry, dict(sinogram.meta), sinogram.ground_truth,
                      variance=sinogram.variance),

@@ -254,7 +254,7 @@ def _reconstruct(sinogram: Sinogram, config: ReconstructionConfig, progress, can
     center = None
     if is_auto(sinogram.meta.get("center_offset")) or is_auto(
             config.geometry.get("center_offset")):
-        sinogram, center, note = auto_center(sinogram)
+        sinogram, center, note = auto_center(sinogram, config.noise_std)
         warnings += [note] if note else []
     slices = list(sinogram.slices()) if sinogram.is_stack else [sinogram]
     outs = []
