@@ -120,6 +120,10 @@ def test_center_std_of_an_undetermined_estimate_is_nan():
     y = _scan(0.0, angles, 0, size=24)
     est = estimate_center_offset(y, angles)
     assert math.isnan(est.offset) and math.isnan(center_offset_std(y, angles, est, 1e-4))
+    angles = _angles("half-turn", 20)
+    y = _scan(0.3, angles, 0, size=24)
+    est = estimate_center_offset(y, angles)
+    assert math.isfinite(est.offset) and math.isnan(center_offset_std(y, angles, est, np.nan))
 
 
 @pytest.mark.parametrize("index,offset", [(0, 0.37), (1, -5.3), (2, 11.6)])

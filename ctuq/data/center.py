@@ -345,7 +345,8 @@ def center_offset_std(sinogram, angles, estimate: CenterEstimate, noise_variance
     Returns
     -------
     float
-        In detector pixels; ``nan`` where the estimate is undetermined.
+        In detector pixels; ``nan`` where the estimate is undetermined or no
+        entry of ``noise_variance`` is finite and non-negative.
     """
     if estimate.method not in ("mirror", "vo") or not math.isfinite(estimate.offset):
         return math.nan
@@ -353,8 +354,8 @@ def center_offset_std(sinogram, angles, estimate: CenterEstimate, noise_variance
     angles = np.asarray(angles, dtype=np.float64).reshape(-1)
     var = np.broadcast_to(np.asarray(noise_variance, dtype=np.float64), sino.shape)
     ok = np.isfinite(var) & (var >= 0)
-    if not ok.any():
-        raise InputError("no finite, non-negative noise variance", field="noise_variance")
+    if not ok.any():  # nothing to draw the noise from
+        return math.nan
     std = np.sqrt(np.where(ok, var, np.median(var[ok])))
     rng = np.random.default_rng(seed)
     centre = 2.0 * estimate.offset

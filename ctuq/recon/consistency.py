@@ -258,6 +258,7 @@ def auto_center(sinogram, noise_std: float | None = None):
         reason = str(e.info.get("reason", f"confidence {conf:.2f} < {MIN_CENTER_CONFIDENCE}"))
         if est is not None:
             std = center_offset_std(data, angles, e, variance)
+            std = std if math.isfinite(std) else None
     use = est is not None and conf >= MIN_CENTER_CONFIDENCE
     used = est if use else 0.0
     note = None
