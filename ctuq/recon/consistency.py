@@ -243,9 +243,8 @@ def auto_center(sinogram, noise_std: float | None = None):
 
     g = sinogram.geometry
     data = np.asarray(sinogram.data, dtype=np.float64)
-    variance = _noise_variance(sinogram, noise_std)
     if data.ndim == 3:
-        data, variance = data.sum(axis=0), np.broadcast_to(variance, data.shape).sum(axis=0)
+        data = data.sum(axis=0)
     std = None
     if g.beam != "parallel":
         est, conf, method = None, 0.0, "none"
@@ -256,7 +255,11 @@ def auto_center(sinogram, noise_std: float | None = None):
         est = float(e.offset) if math.isfinite(e.offset) else None
         conf, method = float(e.confidence), e.method
         reason = str(e.info.get("reason", f"confidence {conf:.2f} < {MIN_CENTER_CONFIDENCE}"))
-        if est is not None:
+        if est is not None:  # the noise level only where there is an estimate to judge
+            variance = np.broadcast_to(_noise_variance(sinogram, noise_std),
+                                       sinogram.data.shape)
+            if variance.ndim == 3:  # of the sum of the slices
+                variance = variance.sum(axis=0)
             std = center_offset_std(data, angles, e, variance)
             std = std if math.isfinite(std) else None
     use = est is not None and conf >= MIN_CENTER_CONFIDENCE
