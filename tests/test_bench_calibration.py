@@ -310,7 +310,8 @@ def test_the_realistic_fbp_baseline_uses_the_centre_the_default_estimates():
     offset 0 (no ``fbp_center_offset``) are scored again, others left as they are."""
     import dataclasses
 
-    from ctuq.bench.cases import auto_center_record, realistic_cases, simulate
+    from ctuq.bench.cases import (auto_center_record, realistic_cases, reconstruction_op,
+                                  simulate)
     from ctuq.bench.scores import score
     from ctuq.data.realistic import realistic_case
     from ctuq.recon.baselines import fbp_variance
@@ -327,6 +328,12 @@ def test_the_realistic_fbp_baseline_uses_the_centre_the_default_estimates():
     at_zero = score(truth, x0, v0.sqrt())
     ours = bench_calibration.fbp_scores(scan, center)
     assert ours["rmse"] < 0.7 * at_zero["rmse"]
+    # the refits' operator (MC dropout, the held-out split study) is on that centre too;
+    # a scan made the way ctuq models one keeps its own
+    assert reconstruction_op(scan, center).geometry.center_offset == center["used"]
+    assert reconstruction_op(scan).geometry.center_offset == pytest.approx(center["used"])
+    standard = simulate({**case, "I0": None, "noise": 0.05})
+    assert reconstruction_op(standard) is standard.op
 
     old = {**case, "realistic": {"default": {}}, "methods": {"fbp": at_zero}}
     kept = {**old, "methods": {"fbp": at_zero}, "fbp_center_offset": 0.0}

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from ctuq.bench.cases import (CASE_FIELDS, auto_center_record, case_spec, realistic_record,
-                              simulate, sinogram)
+                              reconstruction_op, simulate, sinogram)
 from ctuq.bench.runner import (clean, merge_settings, parse_variant, read_case_file,
                                repo_relative)
 from ctuq.bench.scores import score
@@ -320,7 +320,8 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
         from ctuq.recon.mc_dropout import fit_mc_dropout
 
         dip_cfg, _ = base.resolve((scan.case.size, scan.case.size))
-        mc = fit_mc_dropout(scan.y, scan.op, dip_cfg.with_(progress_every=10**6),
+        mc = fit_mc_dropout(scan.y, reconstruction_op(scan, center),
+                            dip_cfg.with_(progress_every=10**6),
                             n_samples=run.mc_samples, noise_std=scan.sigma)
         times["mc_dropout"] = mc.wall_time
         m["mc_dropout"] = score(truth, mc.mean, mc.std)
@@ -373,14 +374,9 @@ def fbp_scores(scan, center: dict | None = None) -> dict:
     (``center_offset = 'auto'``) uses, ``center`` (:func:`auto_center_record`;
     estimated here when not given): the FBP a user of the default compares with.
     """
-    from ctuq.data.operators import RayTransform
     from ctuq.recon.baselines import fbp_variance
 
-    op = scan.op
-    if scan.hidden is not None:
-        center = center or auto_center_record(scan)
-        op = RayTransform(dataclasses.replace(scan.sinogram.geometry,
-                                              center_offset=float(center["used"])))
+    op = reconstruction_op(scan, center)
     x_fbp, var_fbp, _ = fbp_variance(scan.y, op, scan.sigma, seed=scan.noise_seed)
     return score(scan.truth, x_fbp, var_fbp.sqrt())
 

@@ -26,7 +26,7 @@ import torch
 
 __all__ = ["CONDITIONS", "REALISTIC_CONDITIONS", "realistic_cases", "case_id",
            "calibration_cases", "fit_cases", "case_spec", "Scan", "simulate", "sinogram",
-           "realistic_record", "auto_center_record", "CASE_FIELDS"]
+           "realistic_record", "auto_center_record", "reconstruction_op", "CASE_FIELDS"]
 
 #: The calibration benchmark's conditions per image size: (angles, relative noise).
 CONDITIONS = {64: [(30, 0.01), (30, 0.05), (60, 0.01), (60, 0.05)],
@@ -226,6 +226,21 @@ def auto_center_record(scan) -> dict:
     from ctuq.recon.consistency import auto_center
 
     return auto_center(scan.sinogram)[1]
+
+
+def reconstruction_op(scan, center: dict | None = None):
+    """The operator a default reconstruction of ``scan`` uses: ``scan.op`` for a scan
+    made the way ctuq models one, and for a realistic scan (whose ``op`` is the nominal
+    geometry, offset 0) the geometry on the centre that ``center_offset = 'auto'``
+    estimates (``center``, :func:`auto_center_record`; estimated here when not given).
+    Baselines and refits of realistic rows use it, so that they see the geometry the
+    default saw, not a centre a user's scan would not tell them."""
+    if scan.hidden is None:
+        return scan.op
+    from ctuq.data.operators import RayTransform
+
+    used = (center or auto_center_record(scan))["used"]
+    return RayTransform(dataclasses.replace(scan.sinogram.geometry, center_offset=float(used)))
 
 
 def realistic_record(scan, result, center: dict) -> dict:

@@ -289,7 +289,7 @@ def tune_split(rows: list[dict], arrays, calibration, everies, *, n_angles: int 
         (:func:`choose_split`), ``summary``, ``cases``, ``seconds``.
     """
     from ctuq.bench.calibration import CalibrationRun, reconstruction_config
-    from ctuq.bench.cases import simulate
+    from ctuq.bench.cases import reconstruction_op, simulate
     from ctuq.recon import model_error as me
 
     torch.set_num_threads(threads)
@@ -301,15 +301,16 @@ def tune_split(rows: list[dict], arrays, calibration, everies, *, n_angles: int 
             continue
         a = np.load(_arrays(arrays, row["id"]))
         scan = simulate(row)
+        op = reconstruction_op(scan)
         dip_cfg, _ = reconstruction_config(row, CalibrationRun(threads=threads)).resolve(
             scan.truth.shape)
         truth, x_hat, var_post = a["truth"], torch.as_tensor(a["x_hat"]), \
             torch.as_tensor(a["var_post"])
         out = {"id": row["id"], "condition": row["condition"], "family": row["family"]}
         for every in everies:
-            mask, dip_in = me.heldout_fit(scan.y, scan.op, dip_cfg, every=every,
+            mask, dip_in = me.heldout_fit(scan.y, op, dip_cfg, every=every,
                                           noise_std=scan.sigma)
-            lik = me.heldout_likelihood(scan.op, scan.y, mask,
+            lik = me.heldout_likelihood(op, scan.y, mask,
                                         dip_in.reconstruction.detach().cpu(), var_post,
                                         scan.sigma ** 2)
             mle = lik.fit()
@@ -389,9 +390,11 @@ def tune_correlation_length(rows: list[dict], arrays, lengths, *, calibration=No
             skipped.append(r["id"])
             continue
         lik, truth, x_hat, var_post = kept
-        # the benchmark's geometry: the scan's nominal one (a realistic scan's hidden centre
-        # offset is not applied; center_offset = 'auto' is not a default)
-        op = RayTransform(Geometry.parallel(r["size"], r["n_angles"]))
+        # the geometry the run reconstructed on: the nominal one, on the centre the
+        # default estimated for a realistic scan (its row records it)
+        used = ((r.get("realistic") or {}).get("default") or {}).get("center_offset_auto")
+        op = RayTransform(Geometry.parallel(r["size"], r["n_angles"],
+                                            center_offset=float(used or 0.0)))
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         for length in lengths:
             co = lik.with_correlation_length(op, length).fit(prior, width)
