@@ -390,11 +390,11 @@ def tune_correlation_length(rows: list[dict], arrays, lengths, *, calibration=No
             skipped.append(r["id"])
             continue
         lik, truth, x_hat, var_post = kept
-        # the geometry the run reconstructed on: the nominal one, on the centre the
-        # default estimated for a realistic scan (its row records it)
-        used = ((r.get("realistic") or {}).get("default") or {}).get("center_offset_auto")
-        op = RayTransform(Geometry.parallel(r["size"], r["n_angles"],
-                                            center_offset=float(used or 0.0)))
+        # the nominal geometry: a realistic run made with center_offset = 'auto' fitted on
+        # the estimated centre (within 0.1 px of 0 on the benchmark's scans), but its row
+        # does not say which centre the reconstruction used (rows before 2026-11-28 record
+        # the estimate beside a reconstruction at 0)
+        op = RayTransform(Geometry.parallel(r["size"], r["n_angles"]))
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         for length in lengths:
             co = lik.with_correlation_length(op, length).fit(prior, width)
