@@ -391,9 +391,9 @@ def tune_correlation_length(rows: list[dict], arrays, lengths, *, calibration=No
             continue
         lik, truth, x_hat, var_post = kept
         # the nominal geometry: a realistic run made with center_offset = 'auto' fitted on
-        # the estimated centre (within 0.1 px of 0 on the benchmark's scans), but its row
-        # does not say which centre the reconstruction used (rows before 2026-11-28 record
-        # the estimate beside a reconstruction at 0)
+        # the estimated centre (up to 0.5 px from it), but a row does not say which centre
+        # its reconstruction used (rows before 2026-11-28 record the estimate beside a
+        # reconstruction at 0)
         op = RayTransform(Geometry.parallel(r["size"], r["n_angles"]))
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         for length in lengths:
