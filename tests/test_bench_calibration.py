@@ -344,3 +344,36 @@ def test_the_realistic_fbp_baseline_uses_the_centre_the_default_estimates():
     assert old["methods"]["fbp"]["rmse"] == pytest.approx(
         bench_calibration.fbp_scores(fresh, c)["rmse"], rel=1e-6)
     assert kept["methods"]["fbp"] is at_zero
+
+
+def test_edge_feature_study_recovers_the_feature_and_scale_the_errors_were_drawn_with(tmp_path):
+    """Errors drawn with variance ``var_post + s1² e(x̂)²`` (today's feature, s1 = 0.3):
+    the study's oracle calibrates them (±1σ, ±2σ near nominal), prefers that feature by
+    likelihood, and its one-for-all fit recovers ``s1``."""
+    gen = np.random.default_rng(7)
+    lines = []
+    for k, seed in enumerate((3, 5)):
+        x_hat = ellipses(32, seed=seed).astype(np.float64)
+        var_post = gen.uniform(0.5, 1.5, x_hat.shape) * 1e-4
+        e2 = me.edge_strength(x_hat).square().numpy()
+        truth = x_hat + gen.standard_normal(x_hat.shape) * np.sqrt(var_post + 0.09 * e2)
+        case_id = f"validation/ellipses/{k}/32/20/5"
+        np.savez(tmp_path / (case_id.replace("/", "_") + ".npz"), truth=truth, x_hat=x_hat,
+                 var_post=var_post)
+        lines.append(json.dumps({"id": case_id}) + "\n")
+    (tmp_path / "cases.jsonl").write_text("".join(lines))
+    res = subprocess.run([sys.executable, "scripts/study_edge_features.py", "--partial",
+                          str(tmp_path / "cases.jsonl"), "--arrays", str(tmp_path)],
+                         cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True, timeout=300)
+    out = json.loads(res.stdout)
+    assert len(out["cases"]) == 2
+    f = out["features"]
+    today = f["max3"]
+    assert abs(today["oracle"]["coverage_1"] - 0.683) < 0.05
+    assert abs(today["oracle"]["coverage_2"] - 0.954) < 0.03
+    assert today["global"]["s1"] == pytest.approx(0.3, rel=0.2)
+    assert all(today["global"]["pixel_log_likelihood"] > v["global"]["pixel_log_likelihood"]
+               for k, v in f.items() if k != "max3")
+    bad = subprocess.run([sys.executable, "scripts/study_edge_features.py"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert bad.returncode == 2 and "--partial" in bad.stderr

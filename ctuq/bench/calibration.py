@@ -504,6 +504,7 @@ def summarize(results: list[dict], default: str) -> dict:
                     "center_auto_error_over_std_rms": (float(np.sqrt(np.mean(np.square(z))))
                                                        if z else None),
                     "center_auto_error_over_std_max": float(max(z)) if z else None,
+                    "center_auto_std_images": len(z),  # rows with a std (older rows lack it)
                     "center_auto_undetermined": sum(v.get("center_offset_auto") is None
                                                     for rec in real for v in rec.values()),
                     "misfit_flags": sum(v.get("verdict") == "misfit"
