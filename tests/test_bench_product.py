@@ -62,6 +62,9 @@ def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
     # the figures are of the product's own std: the file's total std scores as `heldout`
     assert row["methods"]["heldout"] == clean(score(scan.truth, result.reconstruction,
                                                     result.std))
+    # and the row says how the EM's solves ended, as the file's trace does
+    assert row["solver"]["default"] == cal.solver_record(result)
+    assert row["solver"]["default"]["em_steps"] == len(result.em_trace) > 0
 
     # the kept arrays rescore a row scored before its calibration existed, to the same figures
     bare = {**row, "methods": {k: v for k, v in row["methods"].items()

@@ -55,6 +55,7 @@ log = logging.getLogger("ctuq.bench.calibration")
 
 __all__ = ["CalibrationRun", "LABELS", "reconstruction_config", "result_methods",
            "total_variance", "run_case", "parse_variant", "add_ivon", "rescore", "fbp_scores",
+           "solver_record",
            "refresh_fbp", "summarize",
            "default_method",
            "carry_methods", "carried_note", "read_case_file", "case_spec", "CASE_FIELDS"]
@@ -297,6 +298,7 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
         if scan.hidden is not None:
             out.setdefault("realistic", {})[suffix or "default"] = realistic_record(
                 scan, result, center)
+        out.setdefault("solver", {})[suffix or "default"] = solver_record(result)
         r = result_methods(result, truth, calibration, suffix)
         for key in ("methods", "coefficients", "times_s"):
             out[key].update(r[key])
@@ -364,6 +366,18 @@ def _ivon(case: dict, run: CalibrationRun, scan, sino, row: dict) -> dict:
                                                             "s1": fitted["s1"]}}
     return {"methods": methods, "times_s": times, "coefficients": coefficients,
             "_ivon_dip": np.asarray(result.dip)}
+
+
+def solver_record(result) -> dict:
+    """How a reconstruction's EM solves ended (from its ``em_trace``): ``em_steps``, the
+    steps whose solves stopped above tolerance (``unconverged``) and the largest relative
+    residual (``max_residual``; None where the method reports none). A stopped solve
+    leaves the samples, and the posterior std, off (the result's warning says so)."""
+    trace = result.em_trace or []
+    residuals = [t["solver_residual"] for t in trace if t.get("solver_residual") is not None]
+    return {"em_steps": len(trace),
+            "unconverged": sum(t.get("solver_converged") is False for t in trace),
+            "max_residual": max(residuals) if residuals else None}
 
 
 def fbp_scores(scan, center: dict | None = None) -> dict:
@@ -474,6 +488,10 @@ def summarize(results: list[dict], default: str) -> dict:
         block["families"] = {fam: {k: _summary([r for r in rows if r["family"] == fam], k)
                                    for k in methods}
                              for fam in sorted({r["family"] for r in rows})}
+        # images whose EM solves stopped above tolerance (rows since 2026-11-29 record it)
+        solved = [r for r in rows if "solver" in r]
+        block["solver"] = {"images": len(solved), "unconverged_images": sum(
+            any(v["unconverged"] for v in r["solver"].values()) for r in solved)}
         with_ivon = [r for r in rows if "ivon" in r["methods"]]
         if with_ivon and len(with_ivon) < len(rows):  # a like-for-like comparison
             block["ivon_images"] = {"images": len(with_ivon),
