@@ -249,6 +249,27 @@ def test_batched_cg_on_a_dense_system():
     assert info0["iterations"] == 0 and torch.all(X0 == 0)
 
 
+def test_a_stagnating_cg_returns_its_best_iterate_not_its_last():
+    """A system CG cannot solve (here indefinite: what float32 round-off makes of a very
+    ill-conditioned K at low noise) wanders upwards; the solve stops on its patience and
+    returns each row's iterate at its smallest residual, no worse than the start (x = 0),
+    where the last iterate is far worse."""
+    gen = torch.Generator().manual_seed(1)
+    Q = torch.linalg.qr(torch.randn(40, 40, generator=gen, dtype=D64)).Q
+    eig = torch.cat([torch.logspace(0, 2, 30, dtype=D64), -torch.logspace(-3, 0, 10, dtype=D64)])
+    K = Q @ torch.diag(eig) @ Q.t()
+    B = torch.randn(3, 40, generator=gen, dtype=D64)
+    X, info = batched_cg(lambda V: V @ K, B, tol=1e-8, max_iter=300, patience=5)
+    assert info["stagnated"] and not info["converged"]
+    rel = ((B - X @ K).norm(dim=1) / B.norm(dim=1))
+    assert torch.allclose(rel, info["residuals"].double())
+    assert float(rel.max()) <= 1.0 + 1e-9  # no worse than where it started
+    assert info["residual_history"][-1] > 2.0  # where the last iterate had gone
+    # without the patience rule the same solve runs on to its cap and ends worse
+    X_last, last = batched_cg(lambda V: V @ K, B, tol=1e-8, max_iter=300, patience=None)
+    assert float(last["residuals"].max()) > float(rel.max())
+
+
 # ---------------------------------------------------------------------------------------
 # sample-then-optimise
 

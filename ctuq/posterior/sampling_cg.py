@@ -183,7 +183,10 @@ def batched_cg(apply_K: Callable[[Tensor], Tensor], B: Tensor, *, X0: Tensor | N
     patience : int or None
         Stop early (not converged) when the largest residual has not reached
         a new minimum in this many checks: in float32 the residual stagnates
-        at a floor set by the round-off of ``apply_K``. Default 50.
+        at a floor set by the round-off of ``apply_K``, or wanders upwards
+        where ``K`` is too ill-conditioned for float32 (low noise). A stopped
+        solve returns each row's iterate at its smallest checked residual.
+        Default 50.
     true_residual : bool
         Recompute ``B − K X`` when the recursive residuals reach ``tol``
         (one more product) and report it; if some row is still above
@@ -223,6 +226,9 @@ def batched_cg(apply_K: Callable[[Tensor], Tensor], B: Tensor, *, X0: Tensor | N
         R = B - apply_K(X)
     history: list[float] = []
     best, since_best = math.inf, 0
+    # each row's iterate at its smallest checked residual: a stagnating solve in float32
+    # (low noise, an ill-conditioned K) can wander far above it, even above ‖b‖
+    X_best, rel_best = X.clone(), torch.full((m,), math.inf, dtype=B.dtype, device=B.device)
     it, stagnated, restarts = 0, False, 0
     zero = torch.zeros(m, dtype=B.dtype, device=B.device)
     one = torch.ones_like(zero)
@@ -232,6 +238,8 @@ def batched_cg(apply_K: Callable[[Tensor], Tensor], B: Tensor, *, X0: Tensor | N
         P = Z.clone()
         rz = (R * Z).sum(1)
         rel = rel_norm(R, rz, b_den)
+        better = rel < rel_best
+        X_best[better], rel_best = X[better], torch.minimum(rel, rel_best)
         active = rel > tol
         history.append(float(rel.max()) if m else 0.0)
         while bool(active.any()) and it < max_iter:
@@ -247,6 +255,8 @@ def batched_cg(apply_K: Callable[[Tensor], Tensor], B: Tensor, *, X0: Tensor | N
             rz_new = (R * Z).sum(1)
             if it % check_every == 0 or it == max_iter:
                 rel = rel_norm(R, rz_new, b_den)
+                better = rel < rel_best
+                X_best[better], rel_best = X[better], torch.minimum(rel, rel_best)
                 active = active & (rel > tol)
                 rmax = float(rel.max())
                 history.append(rmax)
@@ -264,6 +274,10 @@ def batched_cg(apply_K: Callable[[Tensor], Tensor], B: Tensor, *, X0: Tensor | N
             beta = torch.where(active, rz_new / torch.where(active, rz, one), zero)
             P.mul_(beta.unsqueeze(1)).add_(Z)
             rz = rz_new
+        if stagnated:  # back to each row's best iterate, its residual recomputed
+            X = X_best
+            R = B - apply_K(X)
+            break
         if not true_residual:
             break
         # residual replacement: the recursive residual drifts in float32; restart from
