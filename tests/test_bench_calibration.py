@@ -377,3 +377,21 @@ def test_edge_feature_study_recovers_the_feature_and_scale_the_errors_were_drawn
     bad = subprocess.run([sys.executable, "scripts/study_edge_features.py"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     assert bad.returncode == 2 and "--partial" in bad.stderr
+
+
+def test_realistic_row_records_the_centre_its_reconstruction_used():
+    """A realistic row says which centre the reconstruction used: the estimate where
+    ``center_offset = 'auto'`` applied (the result's ``diagnostics['center']``), else the
+    sinogram's own (nominal 0); the held-out refits rebuild on it."""
+    from types import SimpleNamespace
+
+    from ctuq.bench.cases import realistic_cases, realistic_record, simulate
+
+    scan = simulate(realistic_cases("validation", [64], 1)[0])
+    center = {"estimate": 0.31, "used": 0.31, "std": 0.02}
+    auto = SimpleNamespace(config={"noise_std": 0.1},
+                           diagnostics={"center": center, "verdict": "ok"})
+    assert realistic_record(scan, auto, center)["center_offset_used"] == 0.31
+    stated = SimpleNamespace(config={"noise_std": 0.1}, diagnostics={"verdict": "ok"})
+    assert realistic_record(scan, stated, center)["center_offset_used"] == \
+        scan.sinogram.geometry.center_offset == 0.0

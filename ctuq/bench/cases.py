@@ -257,4 +257,7 @@ def realistic_record(scan, result, center: dict) -> dict:
             "center_auto_error": (None if center["estimate"] is None
                                   else abs(center["estimate"] - true_offset)),
             "center_auto_std": center.get("std"),
+            # the centre the reconstruction used (the estimate where 'auto' applied)
+            "center_offset_used": float((diag.get("center") or {}).get(
+                "used", scan.sinogram.geometry.center_offset)),
             "chi2_dof": diag.get("chi2_dof"), "verdict": diag.get("verdict")}

@@ -390,11 +390,12 @@ def tune_correlation_length(rows: list[dict], arrays, lengths, *, calibration=No
             skipped.append(r["id"])
             continue
         lik, truth, x_hat, var_post = kept
-        # the nominal geometry: a realistic run made with center_offset = 'auto' fitted on
-        # the estimated centre (up to 0.5 px from it), but a row does not say which centre
-        # its reconstruction used (rows before 2026-11-28 record the estimate beside a
-        # reconstruction at 0)
-        op = RayTransform(Geometry.parallel(r["size"], r["n_angles"]))
+        # the geometry the reconstruction used: rows since 2026-11-29 record its centre;
+        # older ones get the nominal one (rows before 2026-11-28 record the estimate
+        # beside a reconstruction at 0, so the estimate would be wrong for them)
+        used = ((r.get("realistic") or {}).get("default") or {}).get("center_offset_used")
+        op = RayTransform(Geometry.parallel(r["size"], r["n_angles"],
+                                            center_offset=float(used or 0.0)))
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         for length in lengths:
             co = lik.with_correlation_length(op, length).fit(prior, width)
