@@ -50,12 +50,12 @@ from ctuq.bench.runner import (clean, merge_settings, parse_variant, read_case_f
                                repo_relative)
 from ctuq.bench.scores import score
 from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT
+from ctuq.recon.pipeline import solver_outcome
 
 log = logging.getLogger("ctuq.bench.calibration")
 
 __all__ = ["CalibrationRun", "LABELS", "reconstruction_config", "result_methods",
            "total_variance", "run_case", "parse_variant", "add_ivon", "rescore", "fbp_scores",
-           "solver_record",
            "refresh_fbp", "summarize",
            "default_method",
            "carry_methods", "carried_note", "read_case_file", "case_spec", "CASE_FIELDS"]
@@ -298,7 +298,7 @@ def run_case(case: dict, run: CalibrationRun, previous: dict | None = None) -> d
         if scan.hidden is not None:
             out.setdefault("realistic", {})[suffix or "default"] = realistic_record(
                 scan, result, center)
-        out.setdefault("solver", {})[suffix or "default"] = solver_record(result)
+        out.setdefault("solver", {})[suffix or "default"] = solver_outcome(result.em_trace or [])
         r = result_methods(result, truth, calibration, suffix)
         for key in ("methods", "coefficients", "times_s"):
             out[key].update(r[key])
@@ -366,18 +366,6 @@ def _ivon(case: dict, run: CalibrationRun, scan, sino, row: dict) -> dict:
                                                             "s1": fitted["s1"]}}
     return {"methods": methods, "times_s": times, "coefficients": coefficients,
             "_ivon_dip": np.asarray(result.dip)}
-
-
-def solver_record(result) -> dict:
-    """How a reconstruction's EM solves ended (from its ``em_trace``): ``em_steps``, the
-    steps whose solves stopped above tolerance (``unconverged``) and the largest relative
-    residual (``max_residual``; None where the method reports none). A stopped solve
-    leaves the samples, and the posterior std, off (the result's warning says so)."""
-    trace = result.em_trace or []
-    residuals = [t["solver_residual"] for t in trace if t.get("solver_residual") is not None]
-    return {"em_steps": len(trace),
-            "unconverged": sum(t.get("solver_converged") is False for t in trace),
-            "max_residual": max(residuals) if residuals else None}
 
 
 def fbp_scores(scan, center: dict | None = None) -> dict:

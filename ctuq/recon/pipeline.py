@@ -507,6 +507,17 @@ def _metrics_stage(s: _Slice) -> None:
     }
 
 
+def solver_outcome(trace: list[dict]) -> dict:
+    """How the EM's linear solves ended, from an EM trace (entries with
+    ``solver_converged`` and ``solver_residual``): ``em_steps``, the steps whose solves
+    stopped above tolerance (``unconverged``) and the largest relative residual
+    (``max_residual``; None where the method reports none)."""
+    residuals = [t["solver_residual"] for t in trace if t.get("solver_residual") is not None]
+    return {"em_steps": len(trace),
+            "unconverged": sum(t.get("solver_converged") is False for t in trace),
+            "max_residual": max(residuals) if residuals else None}
+
+
 def solver_warnings(traces: list[list[dict]]) -> list[str]:
     """One warning when an EM step's linear solves stopped above their tolerance.
 
@@ -516,16 +527,16 @@ def solver_warnings(traces: list[list[dict]]) -> list[str]:
     scan (64², 60 angles, 1 % noise) a residual 480× the tolerance made the
     mean std 4× that of the converged solve (docs/speed.md). Logged once.
     """
-    missed = [(i, t) for i, trace in enumerate(traces) for t in trace or []
-              if t.get("solver_converged") is False]
-    if not missed:
+    outcome = solver_outcome([t for trace in traces for t in trace or []])
+    if not outcome["unconverged"]:
         return []
-    steps = sum(len(t or []) for t in traces)
-    worst = max((t.get("solver_residual") or 0.0) for _, t in missed)
-    where = f" (slices {sorted({i for i, _ in missed})})" if len(traces) > 1 else ""
-    msg = (f"posterior: the linear solves of {len(missed)} of {steps} EM steps{where} "
-           f"stopped at their iteration cap above tolerance (largest relative residual "
-           f"{worst:.2g}); the posterior std may be off. Raise [uncertainty.laplace] "
+    missed = {i for i, trace in enumerate(traces) for t in trace or []
+              if t.get("solver_converged") is False}
+    where = f" (slices {sorted(missed)})" if len(traces) > 1 else ""
+    msg = (f"posterior: the linear solves of {outcome['unconverged']} of "
+           f"{outcome['em_steps']} EM steps{where} stopped at their iteration cap above "
+           f"tolerance (largest relative residual {outcome['max_residual'] or 0.0:.2g}); "
+           f"the posterior std may be off. Raise [uncertainty.laplace] "
            f"preconditioner_rank (or cg_max_iter)")
     log.warning(msg)
     return [msg]
