@@ -229,6 +229,12 @@ def batched_cg(apply_K: Callable[[Tensor], Tensor], B: Tensor, *, X0: Tensor | N
     # each row's iterate at its smallest checked residual: a stagnating solve in float32
     # (low noise, an ill-conditioned K) can wander far above it, even above ‖b‖
     X_best, rel_best = X.clone(), torch.full((m,), math.inf, dtype=B.dtype, device=B.device)
+
+    def keep_best(rel_: Tensor) -> None:
+        better = rel_ < rel_best
+        X_best[better] = X[better]
+        torch.minimum(rel_, rel_best, out=rel_best)
+
     it, stagnated, restarts = 0, False, 0
     zero = torch.zeros(m, dtype=B.dtype, device=B.device)
     one = torch.ones_like(zero)
@@ -238,8 +244,7 @@ def batched_cg(apply_K: Callable[[Tensor], Tensor], B: Tensor, *, X0: Tensor | N
         P = Z.clone()
         rz = (R * Z).sum(1)
         rel = rel_norm(R, rz, b_den)
-        better = rel < rel_best
-        X_best[better], rel_best = X[better], torch.minimum(rel, rel_best)
+        keep_best(rel)
         active = rel > tol
         history.append(float(rel.max()) if m else 0.0)
         while bool(active.any()) and it < max_iter:
@@ -255,8 +260,7 @@ def batched_cg(apply_K: Callable[[Tensor], Tensor], B: Tensor, *, X0: Tensor | N
             rz_new = (R * Z).sum(1)
             if it % check_every == 0 or it == max_iter:
                 rel = rel_norm(R, rz_new, b_den)
-                better = rel < rel_best
-                X_best[better], rel_best = X[better], torch.minimum(rel, rel_best)
+                keep_best(rel)
                 active = active & (rel > tol)
                 rmax = float(rel.max())
                 history.append(rmax)
