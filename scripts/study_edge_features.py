@@ -32,11 +32,9 @@ import torch.nn.functional as F
 from scipy.optimize import minimize
 
 from ctuq.bench.runner import dump_json, read_cases
-from ctuq.bench.tuning import kept_case
+from ctuq.bench.scores import summarise_images
+from ctuq.bench.tuning import kept_case, score_variance
 from ctuq.recon.model_error.edges import neighbour_difference
-
-_LOG_2PI = 0.5 * math.log(2 * math.pi)
-
 
 def features(x) -> dict:
     """The candidate edge features of an image ``(H, W)``, each ``(H, W)`` float64."""
@@ -56,21 +54,13 @@ def _nll(log_scales, r2, vp, vbar, e2):
     return 0.5 * np.mean(r2 / var + np.log(var))
 
 
-def _scores(r2, var, nll) -> dict:
-    return {"coverage_1": float(np.mean(r2 <= var)), "coverage_2": float(np.mean(r2 <= 4 * var)),
-            "pixel_log_likelihood": -nll - _LOG_2PI,
-            "std_over_rmse": float(np.sqrt(var).mean() / np.sqrt(r2.mean()))}
-
-
-def _summary(rows: list[dict]) -> dict:
-    out = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
-    out["coverage_2_worst"] = min(r["coverage_2"] for r in rows)
-    return out
+#: The scores of each variance map (``ctuq.bench.tuning.score_variance``), mean and worst.
+KEYS = ("coverage_1", "coverage_2", "pixel_log_likelihood", "std_over_rmse")
 
 
 def study(images: list[tuple]) -> dict:
     """``images``: ``(truth, x̂, var_post)`` arrays ``(H, W)``. Per feature, the oracle's
-    and the global fit's mean scores."""
+    and the global fit's scores (``<key>_mean``, ``<key>_worst``)."""
     out = {}
     for name in features(images[0][1]):
         data, oracle = [], []
@@ -84,17 +74,19 @@ def study(images: list[tuple]) -> dict:
                                 options={"maxiter": 2000, "xatol": 1e-4, "fatol": 1e-8})
                        for start in ((1, 0.1, 0.3), (0.3, 0.01, 0.1))), key=lambda o: o.fun)
             a, t0, s1 = np.exp(2 * fit.x)
-            oracle.append(_scores(r2, a * vp + t0 * d[2] + s1 * e2, fit.fun))
+            oracle.append(score_variance(truth, x_hat, (a * vp + t0 * d[2] + s1 * e2)
+                                         .reshape(np.shape(truth))))
 
         def set_nll(log_ts):
             return np.mean([_nll(np.r_[0.0, log_ts], *d) for d in data])
 
         g = minimize(set_nll, np.log([0.1, 0.3]), method="Nelder-Mead")
         t0, s1 = np.exp(2 * g.x)
-        pooled = [_scores(d[0], d[1] + t0 * d[2] + s1 * d[3], _nll(np.r_[0.0, g.x], *d))
-                  for d in data]
-        out[name] = {"oracle": _summary(oracle),
-                     "global": {**_summary(pooled), "t0": float(math.sqrt(t0)),
+        pooled = [score_variance(truth, x_hat, (d[1] + t0 * d[2] + s1 * d[3])
+                                 .reshape(np.shape(truth)))
+                  for (truth, x_hat, _), d in zip(images, data)]
+        out[name] = {"oracle": summarise_images(oracle, KEYS),
+                     "global": {**summarise_images(pooled, KEYS), "t0": float(math.sqrt(t0)),
                                 "s1": float(math.sqrt(s1))}}
     return out
 

@@ -369,10 +369,11 @@ def test_edge_feature_study_recovers_the_feature_and_scale_the_errors_were_drawn
     assert len(out["cases"]) == 2
     f = out["features"]
     today = f["max3"]
-    assert abs(today["oracle"]["coverage_1"] - 0.683) < 0.05
-    assert abs(today["oracle"]["coverage_2"] - 0.954) < 0.03
+    assert abs(today["oracle"]["coverage_1_mean"] - 0.683) < 0.05
+    assert abs(today["oracle"]["coverage_2_mean"] - 0.954) < 0.03
     assert today["global"]["s1"] == pytest.approx(0.3, rel=0.2)
-    assert all(today["global"]["pixel_log_likelihood"] > v["global"]["pixel_log_likelihood"]
+    assert all(today["global"]["pixel_log_likelihood_mean"] >
+               v["global"]["pixel_log_likelihood_mean"]
                for k, v in f.items() if k != "max3")
     bad = subprocess.run([sys.executable, "scripts/study_edge_features.py"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
