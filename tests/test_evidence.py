@@ -94,7 +94,8 @@ def test_uncertainty_options_translate_every_field():
     unc = UncertaintyConfig(prior="matern", predcp=True, n_samples=5, em_steps=3, em_tol=0.1,
                             update="em", predcp_scale=2.0, predcp_samples=7, cg_tol=1e-2,
                             cg_max_iter=33, preconditioner_rank=44,
-                            preconditioner_max_rank=88, preconditioner_max_ratio=3.0)
+                            preconditioner_max_rank=88, preconditioner_max_ratio=3.0,
+                            preconditioner_grow_after=21)
     opts = uncertainty_options(unc, learn_noise=True, seed=9)
     em = opts["em"]
     assert (em.n_samples, em.em_steps, em.em_tol, em.update, em.learn_noise, em.seed) == \
@@ -103,7 +104,7 @@ def test_uncertainty_options_translate_every_field():
     cg = opts["sampler"].options
     assert isinstance(opts["sampler"], CGSampler)
     assert (cg.tol, cg.max_iter, cg.precond_rank) == (1e-2, 33, 44)
-    assert (cg.precond_max_rank, cg.precond_max_ratio) == (88, 3.0)
+    assert (cg.precond_max_rank, cg.precond_max_ratio, cg.precond_grow_after) == (88, 3.0, 21)
     assert opts["predcp"] == PredCPOptions(scale=2.0, samples=7)
     sto = uncertainty_options(UncertaintyConfig(sampler="sto", predcp=False),
                               learn_noise=False)

@@ -236,6 +236,39 @@ def test_the_adaptive_rank_changes_the_cost_not_the_samples(lik, problem, lin, p
         assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2
 
 
+def test_a_slow_solve_grows_its_rank_and_ends_where_a_sharp_preconditioner_does(
+        lik, problem, lin, prior):
+    """``precond_grow_after``: at rank 4 the solve is still above tol after 6 iterations;
+    the rank doubles (the ratio bound off) until the solve converges, and the samples
+    are those of a rank-200 solve of the same draws. Off, the rank stays 4 and the
+    solve stops at its cap."""
+    s2 = problem.noise_std**2
+
+    def run(**kw):
+        return sample_posterior(lik, prior, s2, 4, tol=1e-4, precond_max_ratio=None,
+                                generator=torch.Generator().manual_seed(4), **kw)
+
+    sharp = run(precond_rank=200)
+    stuck = run(precond_rank=4, precond_max_rank=400, max_iter=6)
+    grown = run(precond_rank=4, precond_max_rank=400, precond_grow_after=6, max_iter=200)
+    assert sharp.info["converged"] and grown.info["converged"]
+    assert not stuck.info["converged"] and stuck.info["precond_rank"] == 4
+    growths = grown.info["precond_growths"]
+    assert growths and [g["rank"] for g in growths] == [4 * 2**i for i in range(len(growths))]
+    assert all(g["iterations"] <= 6 and g["residual"] > 1e-4 for g in growths)
+    assert grown.info["precond_rank"] == min(4 * 2 ** len(growths), 400)
+    assert grown.info["iterations"] >= 6 * len(growths)
+    for a, b in ((grown.theta_star, sharp.theta_star), (grown.z, sharp.z)):
+        assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2
+    # the next call, warm-started, reuses the grown preconditioner
+    again = sample_posterior(lik, prior, s2, 4, tol=1e-4, precond_rank=4,
+                             precond_max_rank=400, precond_max_ratio=None,
+                             precond_grow_after=6, warm_start=grown,
+                             generator=torch.Generator().manual_seed(4))
+    assert again.info["precond_rank"] >= grown.info["precond_rank"]
+    assert again.info["converged"] and not again.info["precond_growths"]
+
+
 def test_batched_cg_on_a_dense_system():
     gen = torch.Generator().manual_seed(0)
     Q = torch.linalg.qr(torch.randn(60, 60, generator=gen, dtype=D64)).Q
@@ -525,3 +558,29 @@ def test_a_common_prior_scale_rescales_the_preconditioner_exactly(lik, problem, 
     with torch.no_grad():
         g.log_g += 1.5
     assert g.log_scale_change(old) == pytest.approx(1.5)
+
+
+def test_the_estep_rank_diagnostic_resolves_one_solve_at_each_rank():
+    """``scripts/diag_estep_rank.py`` on a 28² scan: it stops at the first E-step's solve
+    and re-solves that very system; the larger rank captures more of the spectrum (a
+    smaller ``λ_r/σ²``, the same ``λ_1``) and needs fewer iterations."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    res = subprocess.run(
+        [sys.executable, "scripts/diag_estep_rank.py", "--family", "ellipses", "--index", "0",
+         "--size", "28", "--angles", "20", "--noise", "0.05", "--ranks", "8,40",
+         "--max-iter", "80", "--first", "--threads", "1",
+         "--set", "dip.iterations=20,uncertainty.em_steps=1"],
+        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True,
+        check=True, timeout=600)
+    out = json.loads(res.stdout)
+    assert out["reached"] and out["rows"] == 17 and out["d_y"] > 0
+    small, large = out["ranks"]
+    assert (small["rank"], large["rank"]) == (8, 40)
+    assert large["lambda_r_over_noise"] < small["lambda_r_over_noise"]
+    assert large["lambda_1_over_noise"] == pytest.approx(small["lambda_1_over_noise"], rel=0.05)
+    assert large["converged"] and large["max_residual"] <= 1e-3
+    assert large["iterations"] < small["iterations"]

@@ -7,6 +7,7 @@ sample-based EM of :mod:`ctuq.posterior.em`; kept to check it.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Callable
@@ -19,6 +20,8 @@ from ctuq.posterior.preconditioner import NystromPreconditioner, hyper_vector
 from ctuq.posterior.priors import BlockPrior, GaussianPrior
 from ctuq.posterior.sampling_cg import CGOptions, ObservationKernel, batched_cg
 from ctuq.progress import check_cancel, emit_progress
+
+log = logging.getLogger(__name__)
 
 __all__ = ["fit_evidence_gradient"]
 
@@ -108,6 +111,9 @@ def fit_evidence_gradient(likelihood, prior: GaussianPrior, noise_var: float, *,
         X, solve = batched_cg(kern, B, X0=X0, tol=cg.tol, max_iter=cg.max_iter,
                               precond=(lambda R: precond(R, s2)) if precond is not None
                               else None)
+        if not solve["converged"]:
+            log.warning("CG did not reach tol %.1e in %d iterations (max residual %.2e)",
+                        cg.tol, solve["iterations"], float(solve["residuals"].max()))
         x_alpha = X[0].clone()
         with torch.no_grad():
             g = likelihood.phi_t(torch.cat([X, eps]).view(-1, *obs_shape)).double()

@@ -74,8 +74,19 @@ class CGOptions:
         (:meth:`NystromPreconditioner.grown`), at a fresh build and whenever
         a reused sketch is still exact (a rescaled g-prior). Default None: the
         rank stays ``precond_rank``.
-    precond_max_ratio : float
-        The bound on ``λ_r / σ²``. Default 100.
+    precond_max_ratio : float or None
+        The bound on ``λ_r / σ²``. Default 100. None: the rank grows only on
+        ``precond_grow_after``.
+    precond_grow_after : int or None
+        Adaptive rank, on the solve itself: a solve still above ``tol`` after
+        this many iterations (or stagnating earlier) stops, the preconditioner
+        is remade for the current prior with twice the rank (at most
+        ``precond_max_rank``; a kept sketch keeps its products) and the solve
+        continues from its best iterate; at the largest rank it has
+        ``max_iter`` iterations. The bound ``λ_r/σ²`` reads the Nyström
+        approximation's own smallest eigenvalue, which can look small while
+        the preconditioned system is still far from well conditioned; the
+        iterations a solve needs do not mislead. Default None: off.
     reuse_preconditioner : bool
         With a ``warm_start``, reuse its preconditioner while no prior
         hyperparameter moved by more than ``reuse_tol`` in log space (the
@@ -107,7 +118,8 @@ class CGOptions:
     precond_oversample: int = 10
     precond_power_iters: int = 1
     precond_max_rank: int | None = None
-    precond_max_ratio: float = 100.0
+    precond_max_ratio: float | None = 100.0
+    precond_grow_after: int | None = None
     reuse_preconditioner: bool = True
     reuse_tol: float = 3.0
     check_every: int = 1
@@ -272,8 +284,10 @@ def batched_cg(apply_K: Callable[[Tensor], Tensor], B: Tensor, *, X0: Tensor | N
                     since_best += 1
                     if patience is not None and since_best >= patience:
                         stagnated = True
-                        log.warning("CG stagnated at relative residual %.2e after %d "
-                                    "iterations", rmax, it)
+                        # info, not a warning: the caller warns when the solve ends
+                        # above tol (a sampler with an adaptive rank grows it and goes on)
+                        log.info("CG stagnated at relative residual %.2e after %d "
+                                 "iterations", rmax, it)
                         break
             beta = torch.where(active, rz_new / torch.where(active, rz, one), zero)
             P.mul_(beta.unsqueeze(1)).add_(Z)
@@ -309,6 +323,20 @@ class CGSampler(Sampler):
     method = "cg"
     options_class = CGOptions
 
+    @staticmethod
+    def _is_current(precond, prior) -> bool:
+        """Whether ``precond``'s sketch is of today's ``P`` (fresh, rescaled, or nothing moved)."""
+        return precond.hyper is not None and torch.equal(precond.hyper, hyper_vector(prior))
+
+    def _grow(self, precond, prior, noise_var, kern, build, max_rank):
+        """``precond`` with twice its rank (at most ``max_rank``) for today's ``P``: its kept
+        sketch extended where it is current, else a fresh build at that rank."""
+        rank = min(2 * precond.rank, int(max_rank), kern.d_y)
+        log.info("CG slow at Nyström rank %d: rank %d", precond.rank, rank)
+        if precond.sketch is not None and self._is_current(precond, prior):
+            return precond.grown(rank, -math.inf, noise_var, kern.P)
+        return build(hyper_vector(prior), rank)
+
     def _solve(self, options, likelihood, prior, noise_var, u, e, gen, warm: WarmStart,
                theta_star0, z0, progress, cancel, stage) -> PosteriorSample:
         t0 = time.perf_counter()
@@ -328,22 +356,23 @@ class CGSampler(Sampler):
         precond = None
         adaptive = (options.precond_max_rank is not None
                     and options.precond_max_rank > options.precond_rank)
+
+        def build(hyper, rank=options.precond_rank):
+            pc = NystromPreconditioner.build(
+                kern.P, kern.d_y, rank, oversample=options.precond_oversample,
+                power_iters=options.precond_power_iters, generator=gen,
+                device=likelihood.device, chunk=likelihood.lin.chunk_size, hyper=hyper,
+                cancel=cancel, progress=progress, stage=stage, keep_sketch=adaptive)
+            log.debug("Nyström preconditioner rank %d in %.2f s, λ = %.3g … %.3g",
+                      pc.rank, pc.build_time, float(pc.eigvals[0]), float(pc.eigvals[-1]))
+            return pc
+
         if options.precond_rank > 0 or warm.forced:
-            def build(hyper):
-                pc = NystromPreconditioner.build(
-                    kern.P, kern.d_y, options.precond_rank,
-                    oversample=options.precond_oversample,
-                    power_iters=options.precond_power_iters, generator=gen,
-                    device=likelihood.device, chunk=likelihood.lin.chunk_size, hyper=hyper,
-                    cancel=cancel, progress=progress, stage=stage, keep_sketch=adaptive)
-                log.debug("Nyström preconditioner rank %d in %.2f s, λ = %.3g … %.3g",
-                          pc.rank, pc.build_time, float(pc.eigvals[0]), float(pc.eigvals[-1]))
-                return pc
             precond = pick_preconditioner(
                 warm.preconditioner, warm.forced, prior,
                 options.reuse_tol if options.reuse_preconditioner else None, build)
-            if (adaptive and not warm.forced and precond.hyper is not None
-                    and torch.equal(precond.hyper, hyper_vector(prior))):
+            if (adaptive and options.precond_max_ratio is not None and not warm.forced
+                    and self._is_current(precond, prior)):
                 # a kept sketch of this very P (fresh, rescaled, or nothing moved) grows
                 # while λ_r/σ² is above the bound
                 precond = precond.grown(options.precond_max_rank, options.precond_max_ratio,
@@ -358,21 +387,38 @@ class CGSampler(Sampler):
             if warm.samples is not None:
                 X0[m:] = warm.samples
         total = options.max_iter
+        done = [0]  # iterations of the stages before this one (a grown rank's restart)
 
         def callback(it, rmax):
             check_cancel(cancel, "posterior sampling")
-            if it % options.progress_every == 0:
-                emit_progress(progress, stage, it, total,
-                              f"CG iteration {it}, residual {rmax:.2e}")
+            if (done[0] + it) % options.progress_every == 0:
+                emit_progress(progress, stage, done[0] + it, total,
+                              f"CG iteration {done[0] + it}, residual {rmax:.2e}")
 
         t1 = time.perf_counter()
-        X, info = batched_cg(kern, rhs, X0=X0,
-                             precond=(lambda R: precond(R, noise_var)) if precond is not None
-                             else None,
-                             tol=options.tol, max_iter=options.max_iter,
-                             check_every=options.check_every, patience=options.patience,
-                             true_residual=options.true_residual, norm=options.norm,
-                             callback=callback)
+        growths = []
+        while True:
+            can_grow = (adaptive and options.precond_grow_after is not None
+                        and precond is not None and not warm.forced
+                        and precond.rank < min(options.precond_max_rank, kern.d_y))
+            X, info = batched_cg(kern, rhs, X0=X0,
+                                 precond=(lambda R, pc=precond: pc(R, noise_var))
+                                 if precond is not None else None,
+                                 tol=options.tol,
+                                 max_iter=(min(options.precond_grow_after, options.max_iter)
+                                           if can_grow else options.max_iter),
+                                 check_every=options.check_every, patience=options.patience,
+                                 true_residual=options.true_residual, norm=options.norm,
+                                 callback=callback)
+            done[0] += info["iterations"]
+            if info["converged"] or not can_grow:
+                break
+            growths.append({"rank": precond.rank, "iterations": info["iterations"],
+                            "residual": max_residual(info)})
+            precond = self._grow(precond, prior, noise_var, kern, build,
+                                 options.precond_max_rank)
+            X0 = X
+        info["iterations"] = done[0]
         t_solve = time.perf_counter() - t1
         W = kern.sigma_phi_t(X)
         theta_star = W[0] if m else None
@@ -381,7 +427,7 @@ class CGSampler(Sampler):
                       f"CG done: {info['iterations']} iterations")
         if not info["converged"]:
             log.warning("CG did not reach tol %.1e in %d iterations (max residual %.2e)",
-                        options.tol, options.max_iter, max_residual(info))
+                        options.tol, info["iterations"], max_residual(info))
         info.update(method="cg", time_setup=t_setup, time_solve=t_solve,
                     # every iteration is one K product; the solve adds one for a warm start's
                     # initial residual and one for the true final residual
@@ -391,6 +437,6 @@ class CGSampler(Sampler):
                     precond_rank=precond.rank if precond is not None else 0,
                     precond_ratio=precond.ratio(noise_var) if precond is not None else None,
                     precond_time=precond.build_time if precond is not None else 0.0,
-                    noise_var=noise_var)
+                    precond_growths=growths, noise_var=noise_var)
         state = SamplerState("cg", u, e, X, precond)
         return PosteriorSample(theta_star, z, theta0, info, state)

@@ -69,7 +69,8 @@ def uncertainty_options(unc, *, learn_noise: bool, seed: int = 0) -> dict:
     dict
         The keyword arguments ``prior`` (kind), ``em`` (EMOptions),
         ``sampler`` (CGSampler with ``cg_tol``, ``cg_max_iter``,
-        ``preconditioner_rank``, adaptive up to ``preconditioner_max_rank``;
+        ``preconditioner_rank``, adaptive up to ``preconditioner_max_rank``
+        on ``preconditioner_max_ratio`` and ``preconditioner_grow_after``;
         or STOSampler with ``sto_iterations`` steps
         (default :data:`PIPELINE_STO_ITERATIONS`) over mini-batches of
         ``sto_batch_size`` projection angles (None: all) and the other defaults
@@ -87,7 +88,10 @@ def uncertainty_options(unc, *, learn_noise: bool, seed: int = 0) -> dict:
         sampler = CGSampler(CGOptions(tol=float(unc.cg_tol), max_iter=int(unc.cg_max_iter),
                                       precond_rank=int(unc.preconditioner_rank),
                                       precond_max_rank=unc.preconditioner_max_rank,
-                                      precond_max_ratio=float(unc.preconditioner_max_ratio)))
+                                      precond_max_ratio=(
+                                          None if unc.preconditioner_max_ratio is None
+                                          else float(unc.preconditioner_max_ratio)),
+                                      precond_grow_after=unc.preconditioner_grow_after))
     else:
         sampler = STOSampler(STOOptions(iterations=int(unc.sto_iterations),
                                         batch_size=unc.sto_batch_size))

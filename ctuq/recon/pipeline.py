@@ -510,12 +510,16 @@ def _metrics_stage(s: _Slice) -> None:
 def solver_outcome(trace: list[dict]) -> dict:
     """How the EM's linear solves ended, from an EM trace (entries with
     ``solver_converged`` and ``solver_residual``): ``em_steps``, the steps whose solves
-    stopped above tolerance (``unconverged``) and the largest relative residual
-    (``max_residual``; None where the method reports none)."""
+    stopped above tolerance (``unconverged``), the largest relative residual
+    (``max_residual``; None where the method reports none) and the largest
+    preconditioner rank (``max_precond_rank``; None without one: an adaptive rank
+    shows its growth here)."""
     residuals = [t["solver_residual"] for t in trace if t.get("solver_residual") is not None]
+    ranks = [t["precond_rank"] for t in trace if t.get("precond_rank")]
     return {"em_steps": len(trace),
             "unconverged": sum(t.get("solver_converged") is False for t in trace),
-            "max_residual": max(residuals) if residuals else None}
+            "max_residual": max(residuals) if residuals else None,
+            "max_precond_rank": max(ranks) if ranks else None}
 
 
 def solver_warnings(traces: list[list[dict]]) -> list[str]:
@@ -537,7 +541,8 @@ def solver_warnings(traces: list[list[dict]]) -> list[str]:
            f"{outcome['em_steps']} EM steps{where} stopped at their iteration cap above "
            f"tolerance (largest relative residual {outcome['max_residual'] or 0.0:.2g}); "
            f"the posterior std may be off. Raise [uncertainty.laplace] "
-           f"preconditioner_rank (or cg_max_iter)")
+           f"preconditioner_rank, or let it grow on slow solves "
+           f"(preconditioner_max_rank, preconditioner_grow_after)")
     log.warning(msg)
     return [msg]
 

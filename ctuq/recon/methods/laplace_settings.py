@@ -69,8 +69,16 @@ class LaplaceSettings:
         ``preconditioner_max_ratio · σ²`` (low noise needs a larger rank for
         CG to converge, high noise a smaller one). Default None: the rank
         stays ``preconditioner_rank``.
-    preconditioner_max_ratio : float
-        That bound on ``λ_r / σ²``. Default 100.
+    preconditioner_max_ratio : float or None
+        That bound on ``λ_r / σ²``. Default 100. None: the rank grows only on
+        ``preconditioner_grow_after``.
+    preconditioner_grow_after : int or None
+        Adaptive rank, on the solves themselves: a CG solve still above
+        ``cg_tol`` after this many iterations (or stagnating earlier) continues
+        from its best iterate with twice the rank (at most
+        ``preconditioner_max_rank``, whose iterations cap is then
+        ``cg_max_iter``); the grown preconditioner is kept for the later
+        solves. Default None: off.
     sto_batch_size : int or None
         ``sampler = 'sto'``: projection angles per sample-then-optimise step
         (mini-batched; the data term is rescaled so the gradient is
@@ -119,9 +127,14 @@ class LaplaceSettings:
         None, kind=int, minimum=1, maximum=100_000,
         doc="Adaptive Nystrom rank: double it up to this while lambda_r/sigma^2 is above "
             "preconditioner_max_ratio (default: fixed rank).")
-    preconditioner_max_ratio: float = setting(100.0, kind=float, minimum=0, maximum=1e12,
-                                              doc="Bound on lambda_r/sigma^2 of the "
-                                                  "adaptive rank.")
+    preconditioner_max_ratio: float | None = setting(100.0, kind=float, minimum=0,
+                                                     maximum=1e12, optional=True,
+                                                     doc="Bound on lambda_r/sigma^2 of the "
+                                                         "adaptive rank (none: off).")
+    preconditioner_grow_after: int | None = setting(
+        None, kind=int, minimum=1, maximum=100_000,
+        doc="Adaptive Nystrom rank: double it when a CG solve is still above cg_tol after "
+            "this many iterations (default: off).")
     sto_batch_size: int | None = setting(None, kind=int, minimum=1, maximum=10**7,
                                          doc="sto: projection angles per step (default: all).")
     sto_iterations: int = setting(1000, kind=int, minimum=1, maximum=10**7,
