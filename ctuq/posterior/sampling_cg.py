@@ -396,7 +396,7 @@ class CGSampler(Sampler):
                               f"CG iteration {done[0] + it}, residual {rmax:.2e}")
 
         t1 = time.perf_counter()
-        growths = []
+        growths, products, t_grow = [], 0, 0.0
         while True:
             can_grow = (adaptive and options.precond_grow_after is not None
                         and precond is not None and not warm.forced
@@ -411,15 +411,22 @@ class CGSampler(Sampler):
                                  true_residual=options.true_residual, norm=options.norm,
                                  callback=callback)
             done[0] += info["iterations"]
+            # every iteration is one K product; a stage adds one for a warm start's initial
+            # residual and one per true residual it recomputed
+            products += (info["iterations"] + (X0 is not None)
+                         + bool(options.true_residual) * (1 + info["restarts"]))
             if info["converged"] or not can_grow:
                 break
             growths.append({"rank": precond.rank, "iterations": info["iterations"],
                             "residual": max_residual(info)})
+            t2 = time.perf_counter()
             precond = self._grow(precond, prior, noise_var, kern, build,
                                  options.precond_max_rank)
+            t_grow += time.perf_counter() - t2
             X0 = X
         info["iterations"] = done[0]
-        t_solve = time.perf_counter() - t1
+        t_solve = time.perf_counter() - t1 - t_grow  # the sketches count as setup
+        t_setup += t_grow
         W = kern.sigma_phi_t(X)
         theta_star = W[0] if m else None
         z = theta0 - W[m:]
@@ -429,11 +436,7 @@ class CGSampler(Sampler):
             log.warning("CG did not reach tol %.1e in %d iterations (max residual %.2e)",
                         options.tol, info["iterations"], max_residual(info))
         info.update(method="cg", time_setup=t_setup, time_solve=t_solve,
-                    # every iteration is one K product; the solve adds one for a warm start's
-                    # initial residual and one for the true final residual
-                    time_per_iteration=t_solve / max(1, info["iterations"] + (X0 is not None)
-                                                     + bool(options.true_residual)
-                                                     * (1 + info["restarts"])),
+                    time_per_iteration=t_solve / max(1, products),
                     precond_rank=precond.rank if precond is not None else 0,
                     precond_ratio=precond.ratio(noise_var) if precond is not None else None,
                     precond_time=precond.build_time if precond is not None else 0.0,
