@@ -18,6 +18,7 @@ from ctuq.errors import InputError
 from ctuq.posterior.em import prior_lists
 from ctuq.posterior.preconditioner import NystromPreconditioner, hyper_vector
 from ctuq.posterior.priors import BlockPrior, GaussianPrior
+from ctuq.posterior.samples import max_residual
 from ctuq.posterior.sampling_cg import CGOptions, ObservationKernel, batched_cg
 from ctuq.progress import check_cancel, emit_progress
 
@@ -113,7 +114,7 @@ def fit_evidence_gradient(likelihood, prior: GaussianPrior, noise_var: float, *,
                               else None)
         if not solve["converged"]:
             log.warning("CG did not reach tol %.1e in %d iterations (max residual %.2e)",
-                        cg.tol, solve["iterations"], float(solve["residuals"].max()))
+                        cg.tol, solve["iterations"], max_residual(solve))
         x_alpha = X[0].clone()
         with torch.no_grad():
             g = likelihood.phi_t(torch.cat([X, eps]).view(-1, *obs_shape)).double()

@@ -387,13 +387,13 @@ class CGSampler(Sampler):
             if warm.samples is not None:
                 X0[m:] = warm.samples
         total = options.max_iter
-        done = [0]  # iterations of the stages before this one (a grown rank's restart)
+        done = 0  # iterations of the stages before this one (a grown rank's restart)
 
         def callback(it, rmax):
             check_cancel(cancel, "posterior sampling")
-            if (done[0] + it) % options.progress_every == 0:
-                emit_progress(progress, stage, done[0] + it, total,
-                              f"CG iteration {done[0] + it}, residual {rmax:.2e}")
+            if (done + it) % options.progress_every == 0:
+                emit_progress(progress, stage, done + it, total,
+                              f"CG iteration {done + it}, residual {rmax:.2e}")
 
         t1 = time.perf_counter()
         growths, products, t_grow = [], 0, 0.0
@@ -410,7 +410,7 @@ class CGSampler(Sampler):
                                  check_every=options.check_every, patience=options.patience,
                                  true_residual=options.true_residual, norm=options.norm,
                                  callback=callback)
-            done[0] += info["iterations"]
+            done += info["iterations"]
             # every iteration is one K product; a stage adds one for a warm start's initial
             # residual and one per true residual it recomputed
             products += (info["iterations"] + (X0 is not None)
@@ -424,7 +424,7 @@ class CGSampler(Sampler):
                                  options.precond_max_rank)
             t_grow += time.perf_counter() - t2
             X0 = X
-        info["iterations"] = done[0]
+        info["iterations"] = done
         t_solve = time.perf_counter() - t1 - t_grow  # the sketches count as setup
         t_setup += t_grow
         W = kern.sigma_phi_t(X)
