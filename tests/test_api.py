@@ -202,6 +202,22 @@ def test_solves_stopped_above_tolerance_are_a_warning_in_the_result(measured):
     assert not [w for w in solved.diagnostics["warnings"] if "linear solves" in w]
 
 
+def test_initial_scale_sketch_reaches_the_result_file(measured, result, tmp_path):
+    """``initial_scale = "sketch"`` through the API: the first E-step's prior scale is
+    the default's times the recorded factor, and the factor is in the saved file."""
+    y, sigma, _, _ = measured
+    res = ctuq.reconstruct(y, TINY.merged({"noise_std": sigma, "uncertainty": {
+        "initial_scale": "sketch"}}), angles=ANGLES_DEG, image_size=28)
+    factor = res.hyperparameters["initial_scale_factor"]
+    assert factor > 0 and abs(np.log(factor)) > 1e-3
+    assert res.em_trace[0]["a_b"][0] == pytest.approx(result.em_trace[0]["a_b"][0] * factor,
+                                                      rel=1e-6)
+    assert "initial_scale_factor" not in result.hyperparameters
+    res.save(tmp_path / "r.h5")
+    assert read_result(tmp_path / "r.h5").hyperparameters["initial_scale_factor"] == \
+        pytest.approx(factor)
+
+
 def test_solver_warnings_count_the_missed_steps_per_slice():
     from ctuq.recon.pipeline import solver_warnings
 

@@ -95,11 +95,12 @@ def test_uncertainty_options_translate_every_field():
                             update="em", predcp_scale=2.0, predcp_samples=7, cg_tol=1e-2,
                             cg_max_iter=33, preconditioner_rank=44,
                             preconditioner_max_rank=88, preconditioner_max_ratio=3.0,
-                            preconditioner_grow_after=21)
+                            preconditioner_grow_after=21, initial_scale="sketch")
     opts = uncertainty_options(unc, learn_noise=True, seed=9)
     em = opts["em"]
     assert (em.n_samples, em.em_steps, em.em_tol, em.update, em.learn_noise, em.seed) == \
         (5, 3, 0.1, "em", True, 9)
+    assert em.initial_scale == "sketch"
     assert em.learn_lengthscales and opts["prior"] == "matern"     # Matérn + PredCP
     cg = opts["sampler"].options
     assert isinstance(opts["sampler"], CGSampler)
@@ -117,6 +118,7 @@ def test_uncertainty_options_translate_every_field():
 @pytest.mark.parametrize("make", [lambda: EMOptions(update="x"), lambda: EMOptions(n_samples=0),
                                   lambda: EMOptions(em_steps=-1), lambda: EMOptions(em_tol=-1.0),
                                   lambda: EMOptions(gamma_estimator="trace"),
+                                  lambda: EMOptions(initial_scale="data"),
                                   lambda: PredCPOptions(samples=1.5),
                                   lambda: PredCPOptions(scale=-1.0),
                                   lambda: STOOptions(init="random"),
@@ -475,6 +477,88 @@ def test_gprior_starts_on_the_data_scale(problem):
     explicit = initial_prior(problem.lik, "gprior", init_variance=0.5)
     assert float(explicit.variances.reshape(-1)[0]) == pytest.approx(0.5)
     assert float(initial_prior(problem.lik, "ard").variances[0]) == 1.0
+
+
+def test_the_sketch_evidence_scale_is_the_exact_optimum_at_full_rank(problem):
+    """With every eigenpair of ``P`` the sketch's evidence is the whole evidence, so its
+    scale is the dense oracle's optimum of ``g`` (σ² held); at rank 100 of 800, where
+    the kept eigenvalues reach σ², within 15 % of it."""
+    from ctuq.posterior.preconditioner import NystromPreconditioner
+    from ctuq.posterior.sampling_cg import ObservationKernel
+
+    s2 = problem.sigma**2
+    prior = initial_prior(problem.lik, "gprior", generator=torch.Generator().manual_seed(0))
+    g0 = float(prior.variances.detach()[0])
+    g_opt = EvidenceOracle(problem.lik, prior).optimize(s2, learn_noise=False)["a_b"][0]
+    d = problem.lik.d_obs
+    P = ObservationKernel(problem.lik, prior, s2).P(torch.eye(d)).double()
+    eig, U = torch.linalg.eigh(0.5 * (P + P.t()))
+    full = NystromPreconditioner(U.flip(1), eig.flip(0).clamp_min(0))
+    assert g0 * full.evidence_scale(problem.lik.target, s2) == pytest.approx(g_opt, rel=1e-3)
+    assert abs(math.log(g0 / g_opt)) > math.log(2)  # the data's start is not already there
+    sketch = CGSampler(CGOptions(precond_rank=100)).observation_sketch(
+        problem.lik, prior, s2, generator=torch.Generator().manual_seed(1))
+    assert sketch.rank == 100 and sketch.ratio(s2) < 10
+    assert g0 * sketch.evidence_scale(problem.lik.target, s2) == pytest.approx(g_opt, rel=0.15)
+
+
+def test_initial_scale_sketch_starts_the_em_at_the_sketch_scale(problem, monkeypatch):
+    """``initial_scale='sketch'``: the first E-step runs at ``g₀ ·`` the sketch's scale,
+    with that very sketch as its preconditioner (one sketch in the whole EM, rescaled
+    afterwards), and the EM ends at the fixed point the given start reaches."""
+    from ctuq.posterior.preconditioner import NystromPreconditioner
+
+    builds = []
+    build = NystromPreconditioner.build.__func__
+
+    def counted(cls, *a, **k):
+        builds.append(a[2])
+        return build(cls, *a, **k)
+
+    monkeypatch.setattr(NystromPreconditioner, "build", classmethod(counted))
+    lin, op, y, s2 = problem.lin, problem.op, problem.y, problem.sigma**2
+
+    def run(start, steps):
+        em = EMOptions(n_samples=16, em_steps=steps, em_tol=1e-3, learn_noise=False,
+                       initial_scale=start)
+        builds.clear()
+        post = fit_posterior(lin, op, y, s2, em=em,
+                             sampler=CGSampler(CGOptions(precond_rank=100, tol=1e-4)))
+        return post, list(builds)
+
+    given, _ = run("given", 0)
+    sketched, made = run("sketch", 0)
+    g0 = given.trace[0]["a_b"][0]
+    factor = sketched.info["initial_scale"]["factor"]
+    assert made == [100] and sketched.info["initial_scale"]["rank"] == 100
+    assert sketched.trace[0]["a_b"][0] == pytest.approx(g0 * factor, rel=1e-9)
+    assert sketched.trace[0]["solver_converged"]
+    assert sketched.info["initial"]["a_b"][0] == pytest.approx(g0, rel=1e-12)
+    assert sketched.hyperparameters()["initial_scale_factor"] == factor
+    assert "initial_scale_factor" not in given.hyperparameters()
+    long_given, made_given = run("given", 25)
+    long_sketched, made_sketched = run("sketch", 25)
+    assert made_given == made_sketched == [100]  # later steps rescale the one sketch
+    assert long_given.info["converged"] and long_sketched.info["converged"]
+    assert long_sketched.hyperparameters()["a_b"][0] == pytest.approx(
+        long_given.hyperparameters()["a_b"][0], rel=0.15)
+    assert len(long_sketched.trace) <= len(long_given.trace)
+
+
+def test_initial_scale_sketch_without_a_sketch_keeps_the_prior(problem, caplog):
+    """A sampler without an observation sketch (here the dense one) keeps the given
+    scale and says why."""
+    prior = initial_prior(problem.lik, "gprior", generator=torch.Generator().manual_seed(0))
+    g0 = float(prior.variances.detach()[0])
+    em = EMOptions(n_samples=4, em_steps=0, learn_noise=False, initial_scale="sketch")
+    with caplog.at_level("WARNING", logger="ctuq.posterior.em"):
+        post = fit_posterior(problem.lin, problem.op, problem.y, problem.sigma**2,
+                             prior=prior, em=em,
+                             sampler=DenseSampler(EvidenceOracle(problem.lik, prior)))
+    assert "initial_scale" not in post.info
+    assert post.trace[0]["a_b"][0] == pytest.approx(g0, rel=1e-12)
+    assert any("initial_scale 'sketch' needs the CG sampler" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_the_m_step_is_replaceable_and_gets_the_e_step_statistics(problem):

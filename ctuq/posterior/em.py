@@ -100,6 +100,16 @@ class EMOptions:
     seed : int
         Seeds the draws when no generator is given, and (``seed + 1``) the
         default generator of :meth:`FittedPosterior.draw`. Default 0.
+    initial_scale : {'given', 'sketch'}
+        ``'given'``: the first E-step runs at the prior as passed. ``'sketch'``
+        (a sampler with ``observation_sketch``, the CG sampler, and a
+        likelihood with data): the first E-step's Nyström sketch is built
+        first and every prior variance is multiplied by the scale that best
+        explains the data's projections on its eigenvectors
+        (:meth:`~ctuq.posterior.preconditioner.NystromPreconditioner.evidence_scale`),
+        at no extra products; the first, worst-conditioned solve then starts
+        near the evidence's scale instead of the prior's guess. Default
+        ``'given'``.
     """
 
     n_samples: int = 16
@@ -115,10 +125,12 @@ class EMOptions:
     mstep_steps: int = 10
     mstep_lr: float = 0.05
     seed: int = 0
+    initial_scale: str = "given"
 
     def __post_init__(self):
         choices = {"update": ("mackay", "em"),
-                   "gamma_estimator": ("matheron", "prior", "phi")}
+                   "gamma_estimator": ("matheron", "prior", "phi"),
+                   "initial_scale": ("given", "sketch")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise InputError(f"must be one of {', '.join(allowed)}, got "
@@ -177,6 +189,29 @@ def prior_lists(prior: GaussianPrior) -> tuple[list[float], list[float]]:
     if isinstance(prior, BlockPrior):
         return a, [float(v) for v in prior.lengthscales.detach().cpu()]
     return a, []
+
+
+def _scale_from_sketch(likelihood, prior: GaussianPrior, sigma2: float, sampler, gen, info,
+                       progress, cancel):
+    """``EMOptions.initial_scale = 'sketch'``: multiply every prior variance by the sketch's
+    evidence scale; returns the sketch (the first E-step's preconditioner) or None."""
+    sketch = getattr(sampler, "observation_sketch", None)
+    if sketch is None or likelihood.target is None:
+        log.warning("initial_scale 'sketch' needs the CG sampler and data; the prior's "
+                    "scale is kept")
+        return None
+    pc = sketch(likelihood, prior, sigma2, generator=gen, progress=progress, cancel=cancel,
+                stage="em")
+    if pc is None:  # no preconditioner (rank 0): nothing to read the scale from
+        log.warning("initial_scale 'sketch' needs preconditioner_rank > 0; the prior's "
+                    "scale is kept")
+        return None
+    factor = pc.evidence_scale(likelihood.target, sigma2)
+    a, _ = prior_lists(prior)
+    prior.set_hyperparameters(variances=[v * factor for v in a])
+    info["initial_scale"] = {"factor": factor, "rank": pc.rank}
+    log.info("initial prior scale × %.3g from the rank-%d sketch's evidence", factor, pc.rank)
+    return pc
 
 
 def _check_finite(sample: PosteriorSample, step: int) -> None:
@@ -265,7 +300,9 @@ class FittedPosterior:
         for the g-prior), ``l_b`` (Matérn lengthscales, one per block, ``[]``
         for the g-prior), ``matern_blocks`` (whether ``ℓ_b`` matters),
         ``sigma2``, ``noise_learned``, ``gamma_hat``, ``gamma_total``, the
-        client's :attr:`reported` entries, ``em_steps``, ``converged``.
+        client's :attr:`reported` entries, ``em_steps``, ``converged``; with
+        ``initial_scale = 'sketch'`` also ``initial_scale_factor``, the factor
+        the first E-step's prior variances got.
         """
         a, l = prior_lists(self.prior)
         matern = list(self.prior.lengthscale_blocks)
@@ -285,6 +322,8 @@ class FittedPosterior:
             **self.reported,
             "em_steps": int(self.info.get("em_steps", 0)),
             "converged": bool(self.info.get("converged", False)),
+            **({"initial_scale_factor": float(self.info["initial_scale"]["factor"])}
+               if "initial_scale" in self.info else {}),
         }
 
     def draw(self, k: int, generator: torch.Generator | None = None, *,
@@ -429,6 +468,11 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
              opts.update, opts.learn_noise,
              f"weight {weight:.3g}" if hyperprior is not None else "off")
 
+    start_pc = None
+    if opts.initial_scale == "sketch":
+        start_pc = _scale_from_sketch(likelihood, prior, sigma2, sampler, gen, info,
+                                      relay(progress, "em", 0, opts.em_steps + 1,
+                                            "E-step 0: "), cancel)
     free = _free_mask(prior, opts.learn_noise, learn_l)
     trace: list[dict] = []
     sample: PosteriorSample | None = None
@@ -444,6 +488,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
         # the E-step's sketch and CG iterations show as "em" events of this step
         sample = sampler.sample(likelihood, prior, sigma2, opts.n_samples, generator=gen,
                                 warm_start=sample, redraw=opts.redraw, cancel=cancel,
+                                start_preconditioner=start_pc,
                                 progress=relay(progress, "em", step, total, f"E-step {step}: "))
         _check_finite(sample, step)
         mode = sample.theta_star if sample.theta_star is not None else likelihood.mode

@@ -140,8 +140,8 @@ class Sampler:
                generator: torch.Generator | None = None,
                warm_start: PosteriorSample | None = None, redraw: bool = False,
                theta_star0: Tensor | None = None, z0: Tensor | None = None,
-               preconditioner=None, progress=None, cancel=None,
-               stage: str = "sampling") -> PosteriorSample:
+               preconditioner=None, start_preconditioner=None, progress=None,
+               cancel=None, stage: str = "sampling") -> PosteriorSample:
         """``θ*`` (with a target) and ``k`` zero-mean posterior samples ``z ~ N(0, H⁻¹)``.
 
         Parameters
@@ -169,6 +169,11 @@ class Sampler:
             parameter space (override ``warm_start``'s).
         preconditioner : NystromPreconditioner, optional
             Use this one as it is (CG: of ``Φ Σ Φᵀ``; STO: of ``Lᵀ Φᵀ Φ L``).
+        start_preconditioner : NystromPreconditioner, optional
+            Where neither ``preconditioner`` nor ``warm_start`` gives one: start
+            from this one as from a previous call's (rescaled, reused or rebuilt
+            as the prior moved since it was built; e.g.
+            :meth:`~ctuq.posterior.sampling_cg.CGSampler.observation_sketch`).
         progress, cancel : callable, optional
             See :mod:`ctuq.progress`; stage ``stage``.
 
@@ -207,12 +212,13 @@ class Sampler:
             u = torch.randn(k, likelihood.num_params, generator=gen).to(device)
             e = torch.randn(k, d_y, generator=gen).to(device)
         m = 1 if has_target else 0
-        warm = WarmStart(None, None, preconditioner, preconditioner is not None)
+        warm = WarmStart(None, None, preconditioner if preconditioner is not None
+                         else start_preconditioner, preconditioner is not None)
         if warm_start is not None:
             sol = warm_start.state.solution
             warm.theta_star = sol[0] if m and sol.shape[0] else None
             warm.samples = sol[m:] if reuse_draws else None
-            if preconditioner is None:
+            if preconditioner is None and warm_start.state.preconditioner is not None:
                 warm.preconditioner = warm_start.state.preconditioner
         res = self._solve(self.options, likelihood, prior, noise_var, u, e, gen, warm,
                           theta_star0, z0, progress, cancel, stage)

@@ -314,6 +314,21 @@ def batched_cg(apply_K: Callable[[Tensor], Tensor], B: Tensor, *, X0: Tensor | N
 
 
 
+def _nystrom(options: CGOptions, kern: ObservationKernel, hyper, rank: int, gen, progress,
+             cancel, stage: str, keep: bool) -> NystromPreconditioner:
+    """The Nyström preconditioner of ``kern.P`` at ``rank`` with ``options``' sketch settings
+    (``keep``: keep the sketch so that the rank may grow)."""
+    lik = kern.likelihood
+    pc = NystromPreconditioner.build(
+        kern.P, kern.d_y, rank, oversample=options.precond_oversample,
+        power_iters=options.precond_power_iters, generator=gen, device=lik.device,
+        chunk=lik.lin.chunk_size, hyper=hyper, cancel=cancel, progress=progress, stage=stage,
+        keep_sketch=keep)
+    log.debug("Nyström preconditioner rank %d in %.2f s, λ = %.3g … %.3g",
+              pc.rank, pc.build_time, float(pc.eigvals[0]), float(pc.eigvals[-1]))
+    return pc
+
+
 class CGSampler(Sampler):
     """The Matheron / CG sampler (module docstring); settings in :class:`CGOptions`.
 
@@ -322,6 +337,24 @@ class CGSampler(Sampler):
 
     method = "cg"
     options_class = CGOptions
+
+    def observation_sketch(self, likelihood, prior, noise_var: float, *,
+                           generator: torch.Generator | None = None, progress=None,
+                           cancel=None, stage: str = "sampling") -> NystromPreconditioner | None:
+        """The Nyström preconditioner of today's ``P = Φ Σ Φᵀ`` at ``precond_rank``.
+
+        What the first call of :meth:`sample` would build; passed back as its
+        ``start_preconditioner`` it is used (rescaled when only a common prior
+        scale moved) instead of a new sketch. None when ``precond_rank`` is 0.
+        """
+        opts = self.options
+        if opts.precond_rank <= 0:
+            return None
+        kern = ObservationKernel(likelihood, prior, noise_var)
+        gen = generator if generator is not None else torch.Generator().manual_seed(0)
+        return _nystrom(opts, kern, hyper_vector(prior), opts.precond_rank, gen, progress,
+                        cancel, stage, keep=(opts.precond_max_rank is not None
+                                             and opts.precond_max_rank > opts.precond_rank))
 
     @staticmethod
     def _is_current(precond, prior) -> bool:
@@ -358,14 +391,8 @@ class CGSampler(Sampler):
                     and options.precond_max_rank > options.precond_rank)
 
         def build(hyper, rank=options.precond_rank):
-            pc = NystromPreconditioner.build(
-                kern.P, kern.d_y, rank, oversample=options.precond_oversample,
-                power_iters=options.precond_power_iters, generator=gen,
-                device=likelihood.device, chunk=likelihood.lin.chunk_size, hyper=hyper,
-                cancel=cancel, progress=progress, stage=stage, keep_sketch=adaptive)
-            log.debug("Nyström preconditioner rank %d in %.2f s, λ = %.3g … %.3g",
-                      pc.rank, pc.build_time, float(pc.eigvals[0]), float(pc.eigvals[-1]))
-            return pc
+            return _nystrom(options, kern, hyper, rank, gen, progress, cancel, stage,
+                            keep=adaptive)
 
         if options.precond_rank > 0 or warm.forced:
             precond = pick_preconditioner(

@@ -39,6 +39,12 @@ class LaplaceSettings:
         change) for ``em_patience`` consecutive steps. Default 0.02.
     em_patience : int
         Consecutive EM steps below ``em_tol`` before the EM stops. Default 1.
+    initial_scale : {'given', 'sketch'}
+        The prior scale of the first E-step: the initial prior's (``'given'``:
+        the g-prior's ``mean(ỹ²)/d_θ``) or the scale that best explains the
+        data's projections on the first Nyström sketch's eigenvectors
+        (``'sketch'``, CG only, no extra products;
+        :class:`~ctuq.posterior.em.EMOptions`). Default ``'given'``.
     update : {'mackay', 'em'}
         M-step of the per-block variances. Default ``'mackay'``.
     learn_noise : bool
@@ -108,6 +114,9 @@ class LaplaceSettings:
                             doc="Stop when every log-hyperparameter moves less.")
     em_patience: int = setting(1, kind=int, minimum=1, maximum=1000,
                                doc="Consecutive EM steps below em_tol before stopping.")
+    initial_scale: str = setting("given", kind=str, choices=("given", "sketch"),
+                                 doc="Prior scale of the first E-step: the initial prior's, "
+                                     "or the evidence of the data on the first sketch.")
     update: str = setting("mackay", kind=str, choices=("mackay", "em"),
                           doc="M-step of the per-block variances.")
     learn_noise: bool | None = setting(None, kind=bool,
