@@ -112,12 +112,8 @@ class NystromPreconditioner:
         c2 = proj.square().cpu()
         s2 = float(noise_var)
         t = torch.linspace(-log_range, log_range, grid, dtype=torch.float64)
-
-        def log_lik(log_c: Tensor) -> Tensor:
-            k = log_c.exp()[:, None] * lam[None, :] + s2  # [points, r]
-            return -0.5 * (c2[None, :] / k + k.log()).sum(1)
-
-        f = log_lik(t)
+        k = t.exp()[:, None] * lam[None, :] + s2  # c λ_i + σ², [points, r]
+        f = -0.5 * (c2[None, :] / k + k.log()).sum(1)
         i = int(f.argmax())
         if 0 < i < grid - 1:  # the vertex of the parabola through the three points
             f0, f1, f2 = (float(v) for v in f[i - 1:i + 2])

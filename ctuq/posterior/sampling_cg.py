@@ -125,6 +125,12 @@ class CGOptions:
     check_every: int = 1
     progress_every: int = 10
 
+    @property
+    def adapts_rank(self) -> bool:
+        """Whether the Nyström rank may grow (``precond_max_rank`` above ``precond_rank``):
+        then the sketch is kept so that it can be extended."""
+        return self.precond_max_rank is not None and self.precond_max_rank > self.precond_rank
+
 
 
 class ObservationKernel:
@@ -353,8 +359,7 @@ class CGSampler(Sampler):
         kern = ObservationKernel(likelihood, prior, noise_var)
         gen = generator if generator is not None else torch.Generator().manual_seed(0)
         return _nystrom(opts, kern, hyper_vector(prior), opts.precond_rank, gen, progress,
-                        cancel, stage, keep=(opts.precond_max_rank is not None
-                                             and opts.precond_max_rank > opts.precond_rank))
+                        cancel, stage, keep=opts.adapts_rank)
 
     @staticmethod
     def _is_current(precond, prior) -> bool:
@@ -387,8 +392,7 @@ class CGSampler(Sampler):
                 rhs = y_tilde.clone()
 
         precond = None
-        adaptive = (options.precond_max_rank is not None
-                    and options.precond_max_rank > options.precond_rank)
+        adaptive = options.adapts_rank
 
         def build(hyper, rank=options.precond_rank):
             return _nystrom(options, kern, hyper, rank, gen, progress, cancel, stage,
