@@ -488,7 +488,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
         # the E-step's sketch and CG iterations show as "em" events of this step
         sample = sampler.sample(likelihood, prior, sigma2, opts.n_samples, generator=gen,
                                 warm_start=sample, redraw=opts.redraw, cancel=cancel,
-                                start_preconditioner=start_pc,
+                                start_preconditioner=start_pc if step == 0 else None,
                                 progress=relay(progress, "em", step, total, f"E-step {step}: "))
         _check_finite(sample, step)
         mode = sample.theta_star if sample.theta_star is not None else likelihood.mode

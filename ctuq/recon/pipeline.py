@@ -513,10 +513,13 @@ def solver_outcome(trace: list[dict]) -> dict:
     stopped above tolerance (``unconverged``), the largest relative residual
     (``max_residual``; None where the method reports none) and the largest
     preconditioner rank (``max_precond_rank``; None without one: an adaptive rank
-    shows its growth here)."""
+    shows its growth here), the solver iterations summed over the steps
+    (``solver_iterations``) and the EM's seconds (``em_s``)."""
     residuals = [t["solver_residual"] for t in trace if t.get("solver_residual") is not None]
     ranks = [t["precond_rank"] for t in trace if t.get("precond_rank")]
     return {"em_steps": len(trace),
+            "solver_iterations": int(sum(t.get("solver_iterations") or 0 for t in trace)),
+            "em_s": float(sum(t.get("seconds") or 0.0 for t in trace)),
             "unconverged": sum(t.get("solver_converged") is False for t in trace),
             "max_residual": max(residuals) if residuals else None,
             "max_precond_rank": max(ranks) if ranks else None}
