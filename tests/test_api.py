@@ -218,6 +218,22 @@ def test_initial_scale_sketch_reaches_the_result_file(measured, result, tmp_path
         pytest.approx(factor)
 
 
+def test_initial_noise_residual_reaches_the_result_file_in_data_units(measured, tmp_path):
+    """``initial_noise = "residual"`` with the noise level unknown: the first E-step's σ²
+    is recorded in the data's units (the trace's), and scales with the data as c²."""
+    y, _, _, _ = measured
+    cfg = TINY.merged({"uncertainty": {"initial_noise": "residual", "em_steps": 1}})
+    res = ctuq.reconstruct(y, cfg, angles=ANGLES_DEG, image_size=28)
+    first = res.hyperparameters["initial_sigma2"]
+    assert res.hyperparameters["data_scale"] != 1.0  # a unit conversion to get right
+    assert res.em_trace[0]["sigma2"] == pytest.approx(first, rel=1e-6)
+    scaled = ctuq.reconstruct(y * 1e3, cfg, angles=ANGLES_DEG, image_size=28)
+    assert scaled.hyperparameters["initial_sigma2"] == pytest.approx(first * 1e6, rel=0.01)
+    res.save(tmp_path / "r.h5")
+    assert read_result(tmp_path / "r.h5").hyperparameters["initial_sigma2"] == \
+        pytest.approx(first)
+
+
 def test_solver_warnings_count_the_missed_steps_per_slice():
     from ctuq.recon.pipeline import solver_warnings
 

@@ -71,6 +71,11 @@ def test_benchmark_case_equals_the_scores_of_the_products_result_file(tmp_path):
     # with the EM's own cost, which the method's seconds (DIP included) hide
     assert row["solver"]["default"]["solver_iterations"] > 0
     assert 0 < row["solver"]["default"]["em_s"] <= result.config["timings_s"]["em"]
+    # and the summary averages them over the reconstructions (here two rows, one each)
+    other = {**row, "solver": {"default": {**row["solver"]["default"], "em_s": 0.0}}}
+    (block,) = cal.summarize([row, other], "heldout").values()
+    assert block["solver"]["em_s_mean"] == pytest.approx(row["solver"]["default"]["em_s"] / 2)
+    assert block["solver"]["em_steps_mean"] == row["solver"]["default"]["em_steps"]
 
     # the kept arrays rescore a row scored before its calibration existed, to the same figures
     bare = {**row, "methods": {k: v for k, v in row["methods"].items()

@@ -95,12 +95,13 @@ def test_uncertainty_options_translate_every_field():
                             update="em", predcp_scale=2.0, predcp_samples=7, cg_tol=1e-2,
                             cg_max_iter=33, preconditioner_rank=44,
                             preconditioner_max_rank=88, preconditioner_max_ratio=3.0,
-                            preconditioner_grow_after=21, initial_scale="sketch")
+                            preconditioner_grow_after=21, initial_scale="sketch",
+                            initial_noise="residual")
     opts = uncertainty_options(unc, learn_noise=True, seed=9)
     em = opts["em"]
     assert (em.n_samples, em.em_steps, em.em_tol, em.update, em.learn_noise, em.seed) == \
         (5, 3, 0.1, "em", True, 9)
-    assert em.initial_scale == "sketch"
+    assert em.initial_scale == "sketch" and em.initial_noise == "residual"
     assert em.learn_lengthscales and opts["prior"] == "matern"     # Matérn + PredCP
     cg = opts["sampler"].options
     assert isinstance(opts["sampler"], CGSampler)
@@ -119,6 +120,7 @@ def test_uncertainty_options_translate_every_field():
                                   lambda: EMOptions(em_steps=-1), lambda: EMOptions(em_tol=-1.0),
                                   lambda: EMOptions(gamma_estimator="trace"),
                                   lambda: EMOptions(initial_scale="data"),
+                                  lambda: EMOptions(initial_noise="estimate"),
                                   lambda: PredCPOptions(samples=1.5),
                                   lambda: PredCPOptions(scale=-1.0),
                                   lambda: STOOptions(init="random"),
@@ -559,6 +561,43 @@ def test_initial_scale_sketch_without_a_sketch_keeps_the_prior(problem, caplog):
     assert post.trace[0]["a_b"][0] == pytest.approx(g0, rel=1e-12)
     assert any("initial_scale 'sketch' needs the CG sampler" in r.getMessage()
                for r in caplog.records)
+
+
+def test_initial_noise_residual_starts_at_the_fits_own_misfit(problem, caplog):
+    """``initial_noise='residual'`` (learned noise): the first E-step runs at
+    ``‖y − A f(θ̃)‖² / d_y`` (the DIP's misfit, computed here from the network output
+    directly, not through ``Φ``), and from a given ``σ²`` 100× too small the EM ends at
+    the fixed point of the given start, in no more steps. With a known noise level the
+    option is ignored."""
+    lin, op, y, s2 = problem.lin, problem.op, problem.y, problem.sigma**2
+    with torch.no_grad():
+        misfit = float((y - op.A(lin.x_hat)).double().square().mean())
+
+    def run(start, steps, learn=True):
+        em = EMOptions(n_samples=16, em_steps=steps, em_tol=1e-3, learn_noise=learn,
+                       initial_noise=start)
+        return fit_posterior(lin, op, y, s2 / 100, em=em,
+                             sampler=CGSampler(CGOptions(precond_rank=100, tol=1e-4)))
+
+    first = run("residual", 0)
+    assert first.trace[0]["sigma2"] == pytest.approx(misfit, rel=1e-4)
+    assert first.info["initial_noise"] == {"given": pytest.approx(s2 / 100),
+                                           "residual": pytest.approx(misfit, rel=1e-4)}
+    assert first.hyperparameters()["initial_sigma2"] == pytest.approx(misfit, rel=1e-4)
+    assert abs(math.log(misfit / (s2 / 100))) > math.log(10)  # a real move
+    long_given, long_resid = run("given", 30), run("residual", 30)
+    assert long_given.info["converged"] and long_resid.info["converged"]
+    for key in ("sigma2",):
+        assert long_resid.hyperparameters()[key] == pytest.approx(
+            long_given.hyperparameters()[key], rel=0.1)
+    assert long_resid.hyperparameters()["a_b"][0] == pytest.approx(
+        long_given.hyperparameters()["a_b"][0], rel=0.15)
+    assert len(long_resid.trace) <= len(long_given.trace)
+    with caplog.at_level("INFO", logger="ctuq.posterior.em"):
+        known = run("residual", 0, learn=False)
+    assert known.trace[0]["sigma2"] == pytest.approx(s2 / 100)
+    assert "initial_noise" not in known.info
+    assert any("initial_noise 'residual' ignored" in r.getMessage() for r in caplog.records)
 
 
 def test_the_m_step_is_replaceable_and_gets_the_e_step_statistics(problem):

@@ -480,6 +480,10 @@ def summarize(results: list[dict], default: str) -> dict:
         solved = [r for r in rows if "solver" in r]
         block["solver"] = {"images": len(solved), "unconverged_images": sum(
             any(v["unconverged"] for v in r["solver"].values()) for r in solved)}
+        for key in ("em_steps", "solver_iterations", "em_s"):  # per reconstruction
+            vals = [v[key] for r in solved for v in r["solver"].values() if key in v]
+            if vals:
+                block["solver"][key + "_mean"] = float(np.mean(vals))
         with_ivon = [r for r in rows if "ivon" in r["methods"]]
         if with_ivon and len(with_ivon) < len(rows):  # a like-for-like comparison
             block["ivon_images"] = {"images": len(with_ivon),

@@ -194,7 +194,7 @@ def scaled_settings(noise_std: float | None, dip_config, s: float):
 
 def _scale_sigma2(d: dict, s2: float) -> dict:
     out = dict(d)
-    for key in ("sigma2", "noise_var"):
+    for key in ("sigma2", "noise_var", "initial_sigma2"):
         if isinstance(out.get(key), (int, float)) and not isinstance(out.get(key), bool):
             out[key] = float(out[key]) * s2
     if isinstance(out.get("noise_std"), (int, float)) and not isinstance(out["noise_std"], bool):

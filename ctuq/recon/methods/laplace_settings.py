@@ -45,6 +45,12 @@ class LaplaceSettings:
         data's projections on the first Nyström sketch's eigenvectors
         (``'sketch'``, CG only, no extra products;
         :class:`~ctuq.posterior.em.EMOptions`). Default ``'given'``.
+    initial_noise : {'given', 'residual'}
+        The noise variance of the first E-step when it is learned: the
+        given (or estimated) level, or the mean square of the fit's own
+        whitened residual (``'residual'``, MacKay's update before any
+        parameter counts; :class:`~ctuq.posterior.em.EMOptions`). Default
+        ``'given'``.
     update : {'mackay', 'em'}
         M-step of the per-block variances. Default ``'mackay'``.
     learn_noise : bool
@@ -117,6 +123,9 @@ class LaplaceSettings:
     initial_scale: str = setting("given", kind=str, choices=("given", "sketch"),
                                  doc="Prior scale of the first E-step: the initial prior's, "
                                      "or the evidence of the data on the first sketch.")
+    initial_noise: str = setting("given", kind=str, choices=("given", "residual"),
+                                 doc="Noise variance of the first E-step (when learned): the "
+                                     "given level, or the fit's residual.")
     update: str = setting("mackay", kind=str, choices=("mackay", "em"),
                           doc="M-step of the per-block variances.")
     learn_noise: bool | None = setting(None, kind=bool,
