@@ -96,12 +96,13 @@ def test_uncertainty_options_translate_every_field():
                             cg_max_iter=33, preconditioner_rank=44,
                             preconditioner_max_rank=88, preconditioner_max_ratio=3.0,
                             preconditioner_grow_after=21, initial_scale="sketch",
-                            initial_noise="residual")
+                            initial_noise="residual", em_acceleration="anderson")
     opts = uncertainty_options(unc, learn_noise=True, seed=9)
     em = opts["em"]
     assert (em.n_samples, em.em_steps, em.em_tol, em.update, em.learn_noise, em.seed) == \
         (5, 3, 0.1, "em", True, 9)
     assert em.initial_scale == "sketch" and em.initial_noise == "residual"
+    assert em.acceleration == "anderson"
     assert em.learn_lengthscales and opts["prior"] == "matern"     # Matérn + PredCP
     cg = opts["sampler"].options
     assert isinstance(opts["sampler"], CGSampler)
@@ -121,6 +122,7 @@ def test_uncertainty_options_translate_every_field():
                                   lambda: EMOptions(gamma_estimator="trace"),
                                   lambda: EMOptions(initial_scale="data"),
                                   lambda: EMOptions(initial_noise="estimate"),
+                                  lambda: EMOptions(acceleration="aitken"),
                                   lambda: PredCPOptions(samples=1.5),
                                   lambda: PredCPOptions(scale=-1.0),
                                   lambda: STOOptions(init="random"),
@@ -598,6 +600,65 @@ def test_initial_noise_residual_starts_at_the_fits_own_misfit(problem, caplog):
     assert known.trace[0]["sigma2"] == pytest.approx(s2 / 100)
     assert "initial_noise" not in known.info
     assert any("initial_noise 'residual' ignored" in r.getMessage() for r in caplog.records)
+
+
+def test_anderson_mixing_solves_a_slow_and_a_ringing_linear_map():
+    """On ``F(x) = M x + c`` with eigenvalues 0.95 (slow) and −0.9 (ringing) the plain
+    iteration is still far after 6 steps; depth-2 mixing is at the fixed point (to
+    round-off of its regularised least squares) after 4. A residual that grows restarts
+    the history (plain step)."""
+    from ctuq.posterior.anderson import AndersonMixer
+
+    Q = torch.tensor([[0.8, -0.6], [0.6, 0.8]], dtype=torch.float64)
+    M = Q @ torch.diag(torch.tensor([0.95, -0.9], dtype=torch.float64)) @ Q.T
+    c = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    x_star = torch.linalg.solve(torch.eye(2, dtype=torch.float64) - M, c)
+    F = lambda x: M @ x + c  # noqa: E731
+    plain, x = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+    mix = AndersonMixer(depth=2, max_step=50, linear_below=100)
+    for _ in range(6):
+        plain = F(plain)
+    assert float((plain - x_star).abs().max()) > 0.1
+    for _ in range(4):
+        x = mix.step(x, F(x))
+    assert mix.mixed and float((x - x_star).abs().max()) < 1e-8
+    # a small max_step keeps the mixed step within it of the plain one
+    small = AndersonMixer(depth=2, max_step=0.01, linear_below=100)
+    y = torch.zeros(2, dtype=torch.float64)
+    y1 = small.step(y, F(y))
+    y2 = small.step(y1, F(y1))
+    assert float((y2 - F(y1)).abs().max()) <= 0.01 + 1e-12
+    # a residual 100× the last one: history dropped, the plain step returned
+    far = torch.full((2,), 1e3, dtype=torch.float64)
+    assert torch.equal(small.step(far, F(far)), F(far)) and not small.mixed
+    # by default only near the fixed point (largest residual below 0.5) is anything mixed
+    default, z = AndersonMixer(), torch.zeros(2, dtype=torch.float64)
+    for _ in range(3):
+        z = default.step(z, F(z))
+        assert not default.mixed
+
+
+def test_anderson_em_reaches_the_plain_fixed_point_in_fewer_e_steps(problem):
+    """``acceleration='anderson'`` (g-prior, the pipeline's): the same fixed point (the
+    evidence's, learned noise, from a σ² 100× too small) in fewer E-steps."""
+    kind = "gprior"
+    lin, op, y, s2 = problem.lin, problem.op, problem.y, problem.sigma**2
+
+    def run(acc):
+        em = EMOptions(n_samples=16, em_steps=40, em_tol=1e-3, learn_noise=True,
+                       acceleration=acc)
+        return fit_posterior(lin, op, y, s2 / 100, prior=kind, em=em,
+                             sampler=CGSampler(CGOptions(precond_rank=100, tol=1e-4)))
+
+    plain, fast = run("none"), run("anderson")
+    assert any(t.get("accelerated") for t in fast.trace)
+    assert not any(t.get("accelerated") for t in plain.trace)
+    assert plain.info["converged"] and fast.info["converged"]
+    assert len(fast.trace) < len(plain.trace)
+    assert fast.noise_var == pytest.approx(plain.noise_var, rel=0.05)
+    hp, hf = plain.hyperparameters(), fast.hyperparameters()
+    assert sum(hf["gamma_hat"]) == pytest.approx(sum(hp["gamma_hat"]), rel=0.05)
+    assert hf["a_b"][0] == pytest.approx(hp["a_b"][0], rel=0.05)
 
 
 def test_the_m_step_is_replaceable_and_gets_the_e_step_statistics(problem):

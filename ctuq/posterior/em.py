@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from ctuq.errors import CtuqError, InputError
+from ctuq.posterior.anderson import AndersonMixer
 from ctuq.posterior.mstep import (VAR_MAX, VAR_MIN, EStepStats, Hyperprior, closed_form_mstep,
                                   estep_statistics)
 from ctuq.posterior.priors import BlockPrior, GaussianPrior
@@ -121,6 +122,17 @@ class EMOptions:
         128² scan at I0 1e5: 18×), after a first E-step, and its sketch's
         scale, computed at the wrong ``σ²``. Taken before ``initial_scale``.
         Without a learned noise it is ignored (logged). Default ``'given'``.
+    acceleration : {'none', 'anderson'}
+        ``'anderson'``: the next E-step runs at the Anderson mixing (depth 2,
+        :class:`~ctuq.posterior.anderson.AndersonMixer`) of the last M-steps'
+        results in the counted log-hyperparameters, not at the last M-step's
+        result: the plain loop converges linearly (≈ halving its change per
+        step on realistic 64² scans) and rings where the map overshoots. The
+        fixed point and the stopping rule are the same (a step's ``change`` is
+        its own M-step's); the trace marks mixed steps (``accelerated``).
+        Measured on the g-prior (the CT pipeline's); with ARD, whose pruned
+        blocks never settle, a 28² test ended at another σ² (15 %) after 40
+        steps. Default ``'none'``.
     """
 
     n_samples: int = 16
@@ -138,12 +150,14 @@ class EMOptions:
     seed: int = 0
     initial_scale: str = "given"
     initial_noise: str = "given"
+    acceleration: str = "none"
 
     def __post_init__(self):
         choices = {"update": ("mackay", "em"),
                    "gamma_estimator": ("matheron", "prior", "phi"),
                    "initial_scale": ("given", "sketch"),
-                   "initial_noise": ("given", "residual")}
+                   "initial_noise": ("given", "residual"),
+                   "acceleration": ("none", "anderson")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise InputError(f"must be one of {', '.join(allowed)}, got "
@@ -175,6 +189,16 @@ def _full_vector(prior: GaussianPrior, sigma2: float) -> Tensor:
             parts.append(prior.log_l.detach().double().cpu())
         parts.append(torch.tensor([math.log(sigma2)], dtype=torch.float64))
     return torch.cat(parts)
+
+
+def _set_full_vector(prior: GaussianPrior, full: Tensor) -> float:
+    """Write a :func:`_full_vector` back into ``prior``; returns ``σ²``."""
+    nb = prior.num_blocks
+    bounds = (math.log(VAR_MIN), math.log(VAR_MAX))
+    prior.set_hyperparameters(variances=full[:nb].clamp(*bounds).exp())
+    if isinstance(prior, BlockPrior):
+        prior.set_hyperparameters(lengthscales=full[nb:2 * nb].exp())
+    return float(full[-1].clamp(*bounds).exp())
 
 
 def _free_mask(prior: GaussianPrior, learn_noise: bool, lengthscales: bool) -> Tensor:
@@ -514,6 +538,8 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
     total = opts.em_steps + 1
     converged = False
     calm = 0  # consecutive M-steps that moved no counted hyperparameter by em_tol
+    mixer = AndersonMixer() if opts.acceleration == "anderson" else None
+    mixed_mask = None  # the counted entries the mixer's history is of
     for step in range(total):
         check_cancel(cancel, "hyperparameter fit")
         t0 = time.perf_counter()
@@ -557,6 +583,17 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
             calm = calm + 1 if entry["change"] < opts.em_tol else 0
             converged = calm >= opts.em_patience
             info["em_steps"] = step + 1
+            if mixer is not None and not converged and bool(counted.any()):
+                if mixed_mask is None or not torch.equal(mixed_mask, counted):
+                    mixer.reset()
+                    mixed_mask = counted.clone()
+                x_new = x_old + residual
+                x_new[counted] = mixer.step(x_old[counted], x_new[counted])
+                if mixer.mixed:
+                    full = _full_vector(prior, sigma2)
+                    full[free] = x_new
+                    sigma2 = _set_full_vector(prior, full)
+                entry["accelerated"] = mixer.mixed
         entry["seconds"] = time.perf_counter() - t0
         trace.append(entry)
         gamma = stats.gamma_total if math.isfinite(stats.gamma_total) else \

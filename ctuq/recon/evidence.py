@@ -81,6 +81,7 @@ def uncertainty_options(unc, *, learn_noise: bool, seed: int = 0) -> dict:
     em = EMOptions(n_samples=int(unc.n_samples), em_steps=int(unc.em_steps),
                    em_tol=float(unc.em_tol), update=unc.update,
                    initial_scale=str(unc.initial_scale), initial_noise=str(unc.initial_noise),
+                   acceleration=str(unc.em_acceleration),
                    learn_noise=bool(learn_noise),
                    learn_lengthscales=prior_kind(unc.prior).has_lengthscale
                    and bool(unc.predcp),

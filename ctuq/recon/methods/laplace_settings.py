@@ -51,6 +51,10 @@ class LaplaceSettings:
         whitened residual (``'residual'``, MacKay's update before any
         parameter counts; :class:`~ctuq.posterior.em.EMOptions`). Default
         ``'given'``.
+    em_acceleration : {'none', 'anderson'}
+        Run each E-step at the Anderson mixing of the last M-steps' results
+        (same fixed point, fewer E-steps; :class:`~ctuq.posterior.em.EMOptions`
+        ``acceleration``). Default ``'none'``.
     update : {'mackay', 'em'}
         M-step of the per-block variances. Default ``'mackay'``.
     learn_noise : bool
@@ -126,6 +130,8 @@ class LaplaceSettings:
     initial_noise: str = setting("given", kind=str, choices=("given", "residual"),
                                  doc="Noise variance of the first E-step (when learned): the "
                                      "given level, or the fit's residual.")
+    em_acceleration: str = setting("none", kind=str, choices=("none", "anderson"),
+                                   doc="Anderson mixing of the EM's steps (same fixed point).")
     update: str = setting("mackay", kind=str, choices=("mackay", "em"),
                           doc="M-step of the per-block variances.")
     learn_noise: bool | None = setting(None, kind=bool,
