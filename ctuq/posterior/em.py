@@ -553,7 +553,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
         _check_finite(sample, step)
         mode = sample.theta_star if sample.theta_star is not None else likelihood.mode
         stats = estep_statistics(likelihood, prior, sigma2, mode, sample.z,
-                                 opts.gamma_estimator, sample.theta0)
+                                 opts.gamma_estimator, sample.theta0, sample.data_residual)
         a_cur, l_cur = prior_lists(prior)
         entry = {
             "step": step, "a_b": a_cur, "l_b": l_cur, "sigma2": sigma2,

@@ -120,7 +120,8 @@ def _mean_se(x: Tensor) -> tuple[Tensor, Tensor]:
 
 def estep_statistics(likelihood, prior: GaussianPrior, noise_var: float, theta_star: Tensor,
                      z: Tensor, estimator: str = "matheron",
-                     theta0: Tensor | None = None) -> EStepStats:
+                     theta0: Tensor | None = None,
+                     data_residual: Tensor | None = None) -> EStepStats:
     """The sufficient statistics of the M-step from the mode ``θ*`` and samples ``z``.
 
     Parameters
@@ -138,6 +139,9 @@ def estep_statistics(likelihood, prior: GaussianPrior, noise_var: float, theta_s
         Estimator of ``γ_b`` (module docstring).
     theta0 : Tensor, shape (k, d_θ), optional
         The prior draws behind ``z`` (needed by ``'matheron'``).
+    data_residual : Tensor, optional
+        ``ỹ − Φθ*`` from the sampler (:class:`~ctuq.posterior.samples.PosteriorSample`);
+        computed from ``θ*`` when None.
     """
     if estimator not in ("matheron", "prior", "phi"):
         raise InputError(f"must be 'matheron', 'prior' or 'phi', got {estimator!r}",
@@ -156,7 +160,8 @@ def estep_statistics(likelihood, prior: GaussianPrior, noise_var: float, theta_s
         residual_sq, phi_z, phi_z_sq = float("nan"), None, torch.full((k,), float("nan"),
                                                                        dtype=torch.float64)
         if likelihood.target is not None:
-            resid = likelihood.target - likelihood.phi(theta_star)
+            resid = data_residual if data_residual is not None else \
+                likelihood.target - likelihood.phi(theta_star)
             residual_sq = float(resid.double().square().sum())
         if likelihood.target is not None or estimator == "phi":
             phi_z = likelihood.phi(z)  # [k, *obs_shape]

@@ -93,6 +93,12 @@ class PosteriorSample:
         is one), ``time`` (s) and sampler specific entries.
     state : SamplerState
         Pass the whole result as ``warm_start`` to the next call.
+    data_residual : Tensor, shape (d_y,), or None
+        ``ỹ − Φθ*`` as the sampler knows it best (the CG sampler: ``σ² v`` with
+        ``v = K⁻¹ỹ`` its observation-space solution, which does not carry the
+        solve's residual ``ỹ − K v``; where ``Φθ*`` nearly equals ``ỹ``, at low
+        noise, the difference ``ỹ − Φθ*`` is mostly that residual). None: the
+        statistics compute ``ỹ − Φθ*``.
     """
 
     theta_star: Tensor | None
@@ -100,6 +106,7 @@ class PosteriorSample:
     theta0: Tensor
     info: dict
     state: SamplerState
+    data_residual: Tensor | None = None
 
     @property
     def k(self) -> int:

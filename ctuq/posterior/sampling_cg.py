@@ -473,4 +473,7 @@ class CGSampler(Sampler):
                     precond_time=precond.build_time if precond is not None else 0.0,
                     precond_growths=growths, noise_var=noise_var)
         state = SamplerState("cg", u, e, X, precond)
-        return PosteriorSample(theta_star, z, theta0, info, state)
+        # ỹ − Φθ* = σ² K⁻¹ỹ exactly; from the solve, σ² v errs by σ² (v − v*) where
+        # ỹ − Φ ΣΦᵀ v would also carry the whole CG residual ỹ − K v
+        resid = noise_var * X[0].reshape(likelihood.target.shape) if m else None
+        return PosteriorSample(theta_star, z, theta0, info, state, data_residual=resid)
