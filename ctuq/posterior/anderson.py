@@ -40,6 +40,9 @@ class AndersonMixer:
         Largest change of one coordinate beyond the plain step ``F(x)``;
         a larger mixed step is scaled back to it (in the EM: log units, so
         2.0 is a factor e²). Default 2.0.
+    restart : float
+        Drop the history when a residual's norm exceeds this × the previous
+        one's (see Notes). Default 2.0.
     linear_below : float
         Mix only residuals whose largest coordinate is below this: farther
         from the fixed point the map is not near-linear (the EM's first
@@ -48,9 +51,9 @@ class AndersonMixer:
 
     Notes
     -----
-    The history restarts when a residual grows by more than ``restart`` ×
-    the previous one (the map is not near-linear there, or the mixing
-    overshot), and then the plain step is taken.
+    A residual that grew by more than ``restart`` × means the map is not
+    near-linear there, or the mixing overshot: the history restarts from it and the
+    plain step is taken.
     """
 
     def __init__(self, depth: int = 2, max_step: float = 2.0, restart: float = 2.0,

@@ -576,7 +576,8 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
                                   hyperprior=hyperprior, steps=opts.mstep_steps,
                                   lr=opts.mstep_lr, cancel=cancel)
             entry.update(extra)
-            residual = _full_vector(prior, sigma2)[free] - x_old  # fixed-point residual
+            full = _full_vector(prior, sigma2)
+            residual = full[free] - x_old  # fixed-point residual
             counted = _counted(free, stats.gamma_hat >= opts.inactive_gamma)
             entry["change"] = float(residual[counted].abs().max()) if bool(counted.any()) \
                 else 0.0
@@ -587,11 +588,10 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
                 if mixed_mask is None or not torch.equal(mixed_mask, counted):
                     mixer.reset()
                     mixed_mask = counted.clone()
-                x_new = x_old + residual
-                x_new[counted] = mixer.step(x_old[counted], x_new[counted])
+                x_next = full[free]  # the M-step's result (a copy), mixed where counted
+                x_next[counted] = mixer.step(x_old[counted], x_next[counted])
                 if mixer.mixed:
-                    full = _full_vector(prior, sigma2)
-                    full[free] = x_new
+                    full[free] = x_next
                     sigma2 = _set_full_vector(prior, full)
                 entry["accelerated"] = mixer.mixed
         entry["seconds"] = time.perf_counter() - t0
