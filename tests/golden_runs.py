@@ -19,6 +19,11 @@ Regenerate (only for an intended change of the numbers, explained in the commit)
 
     .venv/bin/python tests/golden_runs.py --write
 
+Replace only some entries (prefixes), recomputed at the stored linearisation point, when an
+intended change moves those alone; every entry's relative change is printed first::
+
+    .venv/bin/python tests/golden_runs.py --update ct_matern_
+
 Check bit for bit on this machine (``tests/test_golden.py`` compares with the tolerances
 of :data:`TOLERANCES`, so that another CPU or library release does not fail it)::
 
@@ -236,6 +241,18 @@ if __name__ == "__main__":
     if "--write" in sys.argv:
         GOLDEN.parent.mkdir(exist_ok=True)
         np.savez_compressed(GOLDEN, **run_all())
+        print(f"wrote {GOLDEN}")
+    elif "--update" in sys.argv:
+        prefixes = tuple(sys.argv[sys.argv.index("--update") + 1].split(","))
+        ref = load()
+        new = run_all(ref)
+        for k in ref:
+            a, b = np.asarray(new[k], np.float64), np.asarray(ref[k], np.float64)
+            rel = float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-300))
+            print(f"{k}: relative change {rel:.3g} (tolerance {tolerance(k)})"
+                  + ("  -> replaced" if k.startswith(prefixes) else ""))
+        np.savez_compressed(GOLDEN, **{k: new[k] if k.startswith(prefixes) else v
+                                       for k, v in ref.items()})
         print(f"wrote {GOLDEN}")
     elif "--check" in sys.argv:
         ref = load()
