@@ -27,7 +27,12 @@ Statistics (:func:`estep_statistics`)
       unbiased, but the cross-block terms make it the noisiest of the three
       on U-nets; kept for comparison.
 
-    The total is ``γ̂ = mean_k ‖Φ z_k‖² / σ²`` (the sampling paper's).
+    The total ``γ̂ = Σ_b γ̂_b`` (what the noise update uses): with ``'matheron'`` the
+    sum of the block estimates, else ``mean_k ‖Φ z_k‖² / σ²`` (the sampling paper's).
+    Both are unbiased for exact samples, but the second divides the solve's error in
+    ``Φ z`` by ``σ²``: at low noise a CG solve at tolerance 1e-3 biased it by +19 % and
+    made its per-sample spread 3.5× the exact samples' bound, where the Matheron sum
+    did not move (a realistic 64² scan at I0 1e5, docs/speed.md).
 Closed-form updates
     MacKay :func:`mackay_update` ``a_b ← ‖θ*_b‖²_{C_b⁻¹} / γ̂_b`` or EM
     :func:`em_update` ``a_b ← (‖θ*_b‖²_{C_b⁻¹} + S_b) / d_b``; noise
@@ -86,9 +91,11 @@ class EStepStats:
     gamma_hat, gamma_hat_se : Tensor, shape (B,)
         ``γ̂_b`` and its Monte-Carlo standard error (NaN for k = 1).
     gamma_total, gamma_total_se : float
-        ``γ̂ = mean_k ‖Φ z_k‖² / σ²`` and its standard error.
+        ``γ̂``, the effective number of parameters of the whole prior, and its
+        standard error: the sum of the block estimates with ``'matheron'``, else
+        ``mean_k ‖Φ z_k‖² / σ²`` (module docstring).
     gamma_total_samples : Tensor, shape (k,)
-        The per-sample ``‖Φ z_k‖² / σ²``.
+        The per-sample values whose mean is ``γ̂``.
     residual_sq : float
         ``‖ỹ − Φ θ*‖²``.
     phi_z_sq : float
@@ -176,9 +183,11 @@ def estep_statistics(likelihood, prior: GaussianPrior, noise_var: float, theta_s
         else:
             per = dims - z_quad / a
     gamma_hat, gamma_se = _mean_se(per)
-    tot, tot_se = _mean_se(phi_z_sq / noise_var)
+    # Σ_b γ_b = γ; the Matheron sum does not carry the solve's error divided by σ²
+    total = per.sum(1) if estimator == "matheron" else phi_z_sq / noise_var
+    tot, tot_se = _mean_se(total)
     return EStepStats(theta_quad, z_quad, per, gamma_hat, gamma_se, float(tot), float(tot_se),
-                      phi_z_sq / noise_var, residual_sq, float(phi_z_sq.mean()))
+                      total, residual_sq, float(phi_z_sq.mean()))
 
 
 def mackay_update(theta_quad: Tensor, gamma_hat: Tensor, dims: Tensor,
