@@ -769,6 +769,7 @@ def test_the_total_gamma_is_the_matheron_sum_and_does_not_follow_the_solves_erro
                       for e in ("matheron", "phi")}
     loose = stats[1e-2]["matheron"]
     assert loose.gamma_total == pytest.approx(float(loose.gamma_hat.sum()), rel=1e-12)
+    assert loose.phi_z_sq == pytest.approx(s2 * loose.gamma_total, rel=1e-12)  # EM's update
     assert abs(loose.gamma_total - exact) <= 4 * loose.gamma_total_se
 
     def moved(e):

@@ -99,7 +99,9 @@ class EStepStats:
     residual_sq : float
         ``‖ỹ − Φ θ*‖²``.
     phi_z_sq : float
-        ``mean_k ‖Φ z_k‖²``.
+        ``mean_k ‖Φ z_k‖²`` (EM's noise update); with ``'matheron'`` its expectation
+        ``σ² γ̂`` (``Φ Σ_post Φᵀ = σ² (K − σ² I) K⁻¹``), which does not carry the
+        solve's error.
     """
 
     theta_quad: Tensor
@@ -186,8 +188,9 @@ def estep_statistics(likelihood, prior: GaussianPrior, noise_var: float, theta_s
     # Σ_b γ_b = γ; the Matheron sum does not carry the solve's error divided by σ²
     total = per.sum(1) if estimator == "matheron" else phi_z_sq / noise_var
     tot, tot_se = _mean_se(total)
+    phi_z_mean = noise_var * float(tot) if estimator == "matheron" else float(phi_z_sq.mean())
     return EStepStats(theta_quad, z_quad, per, gamma_hat, gamma_se, float(tot), float(tot_se),
-                      total, residual_sq, float(phi_z_sq.mean()))
+                      total, residual_sq, phi_z_mean)
 
 
 def mackay_update(theta_quad: Tensor, gamma_hat: Tensor, dims: Tensor,
