@@ -208,6 +208,12 @@ def tolerance(key: str) -> float | None:
     raise KeyError(f"no tolerance for golden entry {key!r}")
 
 
+def relative_difference(new, ref) -> float:
+    """``‖new − ref‖ / ‖ref‖`` in float64."""
+    a, b = np.asarray(new, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-300))
+
+
 def compare(new: dict, ref: dict, exact: bool = False) -> list[str]:
     """Entries that differ: bit for bit if ``exact``, else beyond :func:`tolerance`."""
     bad = [f"missing: {k}" for k in ref if k not in new]
@@ -226,7 +232,7 @@ def compare(new: dict, ref: dict, exact: bool = False) -> list[str]:
         tol = tolerance(k)
         if tol is None:
             continue
-        rel = float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-300))
+        rel = relative_difference(a, b)
         if not rel <= tol:
             bad.append(f"{k}: relative difference {rel:.3g} in norm > {tol:g}")
     return bad
@@ -247,9 +253,8 @@ if __name__ == "__main__":
         ref = load()
         new = run_all(ref)
         for k in ref:
-            a, b = np.asarray(new[k], np.float64), np.asarray(ref[k], np.float64)
-            rel = float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-300))
-            print(f"{k}: relative change {rel:.3g} (tolerance {tolerance(k)})"
+            print(f"{k}: relative change {relative_difference(new[k], ref[k]):.3g} "
+                  f"(tolerance {tolerance(k)})"
                   + ("  -> replaced" if k.startswith(prefixes) else ""))
         np.savez_compressed(GOLDEN, **{k: new[k] if k.startswith(prefixes) else v
                                        for k, v in ref.items()})

@@ -27,8 +27,8 @@ Statistics (:func:`estep_statistics`)
       unbiased, but the cross-block terms make it the noisiest of the three
       on U-nets; kept for comparison.
 
-    The total ``γ̂ = Σ_b γ̂_b`` (what the noise update uses): with ``'matheron'`` the
-    sum of the block estimates, else ``mean_k ‖Φ z_k‖² / σ²`` (the sampling paper's).
+    The total ``γ̂`` (what the noise update uses): with ``'matheron'`` the sum of the
+    block estimates (``Σ_b γ_b = γ``), else ``mean_k ‖Φ z_k‖² / σ²`` (the sampling paper's).
     Both are unbiased for exact samples, but the second divides the solve's error in
     ``Φ z`` by ``σ²``: at low noise a CG solve at tolerance 1e-3 biased it by +19 % and
     made its per-sample spread 3.5× the exact samples' bound, where the Matheron sum
