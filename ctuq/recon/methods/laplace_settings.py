@@ -54,7 +54,8 @@ class LaplaceSettings:
     em_acceleration : {'none', 'anderson'}
         Run each E-step at the Anderson mixing of the last M-steps' results
         (same fixed point, fewer E-steps; :class:`~ctuq.posterior.em.EMOptions`
-        ``acceleration``). Default ``'none'``.
+        ``acceleration``). Experimental: it diverged on a 128² scan at I0 1e5
+        (docs/speed.md). Default ``'none'``.
     update : {'mackay', 'em'}
         M-step of the per-block variances. Default ``'mackay'``.
     learn_noise : bool
