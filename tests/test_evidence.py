@@ -54,6 +54,14 @@ def ard(problem):
     return SimpleNamespace(prior=prior, oracle=orc, opt=opt)
 
 
+def _dense_kernel(lik, prior, s2) -> torch.Tensor:
+    """The dense ``K = Φ Σ Φᵀ + σ² I`` (float64, symmetrised) of a small problem."""
+    from ctuq.posterior.sampling_cg import ObservationKernel
+
+    K = ObservationKernel(lik, prior, s2).P(torch.eye(lik.d_obs)).double()
+    return 0.5 * (K + K.t()) + s2 * torch.eye(lik.d_obs, dtype=torch.float64)
+
+
 def _logev(orc, a, s2) -> float:
     return float(orc.log_evidence(torch.as_tensor(a, dtype=torch.float64), s2))
 
@@ -678,13 +686,10 @@ def test_the_cg_samples_data_residual_is_nearer_the_exact_one(problem, noise_div
     at least twice as near as ``ỹ − Φθ*`` recomputed from the same solve's ``θ*``, which
     carries the solve's residual (measured: 4× and 3×), and the E-step statistics use it."""
     from ctuq.posterior.mstep import estep_statistics
-    from ctuq.posterior.sampling_cg import ObservationKernel
 
     s2 = problem.sigma**2 / noise_div
     prior = initial_prior(problem.lik, "gprior", generator=torch.Generator().manual_seed(0))
-    d = problem.lik.d_obs
-    K = ObservationKernel(problem.lik, prior, s2).P(torch.eye(d)).double()
-    K = 0.5 * (K + K.t()) + s2 * torch.eye(d, dtype=torch.float64)
+    K = _dense_kernel(problem.lik, prior, s2)
     exact = s2 * torch.linalg.solve(K, problem.lik.target.reshape(-1).double())
     for tol in (1e-2, 1e-3):
         sample = CGSampler(CGOptions(precond_rank=50, tol=tol, true_residual=False)).sample(
@@ -751,14 +756,10 @@ def test_the_total_gamma_is_the_matheron_sum_and_does_not_follow_the_solves_erro
     it is the sum of the block estimates, which a loose CG solve (tol 1e-2) moves per
     sample by a small fraction of what it moves ``‖Φ z‖² / σ²`` (measured: 0.8 against 21
     on average), and it stays within 4 standard errors of the exact ``d_y − σ² Tr K⁻¹``."""
-    from ctuq.posterior.sampling_cg import ObservationKernel
-
     s2 = problem.sigma**2 / 25
     prior = initial_prior(problem.lik, "gprior", generator=torch.Generator().manual_seed(0))
-    d = problem.lik.d_obs
-    K = ObservationKernel(problem.lik, prior, s2).P(torch.eye(d)).double()
-    K = 0.5 * (K + K.t()) + s2 * torch.eye(d, dtype=torch.float64)
-    exact = d - s2 * float(torch.linalg.inv(K).diagonal().sum())
+    K = _dense_kernel(problem.lik, prior, s2)
+    exact = problem.lik.d_obs - s2 * float(torch.linalg.inv(K).diagonal().sum())
     stats = {}
     for tol in (1e-2, 1e-7):
         smp = CGSampler(CGOptions(precond_rank=50, tol=tol, max_iter=300,

@@ -172,7 +172,8 @@ def estep_statistics(likelihood, prior: GaussianPrior, noise_var: float, theta_s
             resid = data_residual if data_residual is not None else \
                 likelihood.target - likelihood.phi(theta_star)
             residual_sq = float(resid.double().square().sum())
-        if likelihood.target is not None or estimator == "phi":
+        # ‖Φz‖² is read by the 'phi' and 'prior' estimators only (k products per E-step)
+        if estimator != "matheron" and (likelihood.target is not None or estimator == "phi"):
             phi_z = likelihood.phi(z)  # [k, *obs_shape]
             phi_z_sq = phi_z.double().square().sum(tuple(range(1, phi_z.ndim))).cpu()  # [k]
         if estimator == "matheron":
