@@ -678,6 +678,51 @@ def test_anderson_em_reaches_the_plain_fixed_point_in_fewer_e_steps(problem):
     assert hf["a_b"][0] == pytest.approx(hp["a_b"][0], rel=0.05)
 
 
+def test_anderson_mixed_point_whose_solves_stall_is_rejected(problem):
+    """The guard of ``acceleration='anderson'``: when the E-step at a mixed point ends with
+    its solves above tolerance (on a 128² validation scan at I0 1e5 they did, and the EM
+    diverged), that E-step is discarded, the next runs at the plain M-step's point (where
+    the plain EM's next E-step runs) and nothing is mixed after; the discarded step is
+    not counted as an unconverged solve of the result."""
+    from ctuq.recon.pipeline import solver_outcome
+
+    lin, op, y, s2 = problem.lin, problem.op, problem.y, problem.sigma**2
+
+    class Stalling(CGSampler):
+        stall_at, calls = None, 0
+
+        def sample(self, *args, **kwargs):
+            out = super().sample(*args, **kwargs)
+            if self.calls == self.stall_at:
+                out.info["converged"] = False
+            self.calls += 1
+            return out
+
+    def run(acc, stall_at=None, steps=40):
+        sampler = Stalling(CGOptions(precond_rank=100, tol=1e-4))
+        sampler.stall_at = stall_at
+        em = EMOptions(n_samples=16, em_steps=steps, em_tol=1e-3, learn_noise=True,
+                       acceleration=acc)
+        return fit_posterior(lin, op, y, s2 / 100, prior="gprior", em=em, sampler=sampler)
+
+    fast = run("anderson")
+    mixed = next(t["step"] for t in fast.trace if t.get("accelerated")) + 1
+    plain = run("none", steps=mixed + 3)
+    guarded = run("anderson", stall_at=mixed, steps=mixed + 3)
+    rejected = guarded.trace[mixed]
+    assert rejected["rejected"] and guarded.info["acceleration_rejected"] == mixed
+    assert rejected["sigma2"] == pytest.approx(fast.trace[mixed]["sigma2"], rel=1e-9)
+    again = guarded.trace[mixed + 1]
+    assert again["sigma2"] == pytest.approx(plain.trace[mixed]["sigma2"], rel=1e-9)
+    assert again["sigma2"] != pytest.approx(rejected["sigma2"], rel=1e-6)
+    assert again["a_b"] == pytest.approx(plain.trace[mixed]["a_b"], rel=1e-9)
+    assert not any(t.get("accelerated") for t in guarded.trace[mixed:])
+    assert len(guarded.trace) == len(plain.trace) + 1  # one E-step more than the cap
+    outcome = solver_outcome(guarded.trace)
+    assert outcome["rejected"] == 1
+    assert outcome["unconverged"] == solver_outcome(plain.trace)["unconverged"]
+
+
 @pytest.mark.parametrize("noise_div", [1, 25])
 def test_the_cg_samples_data_residual_is_nearer_the_exact_one(problem, noise_div):
     """``ỹ − Φθ*`` at the E-step: the CG sampler's ``σ² v`` (``v`` its solve of

@@ -132,7 +132,11 @@ class EMOptions:
         its own M-step's); the trace marks mixed steps (``accelerated``).
         Measured on the g-prior (the CT pipeline's); with ARD, whose pruned
         blocks never settle, a 28² test ended at another σ² (15 %) after 40
-        steps. Default ``'none'``.
+        steps. A mixed point whose E-step's solves end above their tolerance
+        is rejected: that E-step is discarded (the trace marks it
+        ``rejected``; ``info['acceleration_rejected']`` is its step), the next
+        runs at the plain M-step's result, one E-step beyond ``em_steps``,
+        and nothing is mixed after it. Default ``'none'``.
     """
 
     n_samples: int = 16
@@ -540,16 +544,39 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
     calm = 0  # consecutive M-steps that moved no counted hyperparameter by em_tol
     mixer = AndersonMixer() if opts.acceleration == "anderson" else None
     mixed_mask = None  # the counted entries the mixer's history is of
-    for step in range(total):
+    unmixed = None  # (plain point, σ², E-step before it) while the next E-step is at a mix
+    step = -1
+    while step < total - 1:
+        step += 1
         check_cancel(cancel, "hyperparameter fit")
         t0 = time.perf_counter()
         if before_estep is not None:
             before_estep(prior)
         # the E-step's sketch and CG iterations show as "em" events of this step
+        previous = sample
         sample = sampler.sample(likelihood, prior, sigma2, opts.n_samples, generator=gen,
                                 warm_start=sample, redraw=opts.redraw, cancel=cancel,
                                 start_preconditioner=start_pc if step == 0 else None,
                                 progress=relay(progress, "em", step, total, f"E-step {step}: "))
+        if unmixed is not None and not bool(sample.info.get("converged", True)):
+            # the guard: a mixed point whose solves stall is rejected; the E-step runs again
+            # at the plain M-step's point (one E-step more) and the mixing stops
+            a_cur, l_cur = prior_lists(prior)
+            trace.append({"step": step, "a_b": a_cur, "l_b": l_cur, "sigma2": sigma2,
+                          "rejected": True, "change": None,
+                          "solver_iterations": int(sample.info.get("iterations", 0)),
+                          "solver_converged": False,
+                          "solver_residual": max_residual(sample.info),
+                          "seconds": time.perf_counter() - t0})
+            log.warning("EM step %d: the Anderson-mixed hyperparameters left the E-step's "
+                        "solves above their tolerance (largest residual %.3g): rejected; "
+                        "the E-step runs again at the plain update, without mixing",
+                        step, trace[-1]["solver_residual"] or float("nan"))
+            sigma2 = _set_full_vector(prior, unmixed[0])
+            sample, mixer, unmixed, total = previous, None, None, total + 1
+            info["acceleration_rejected"] = step
+            continue
+        unmixed = None
         _check_finite(sample, step)
         mode = sample.theta_star if sample.theta_star is not None else likelihood.mode
         stats = estep_statistics(likelihood, prior, sigma2, mode, sample.z,
@@ -591,6 +618,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
                 x_next = full[free]  # the M-step's result (a copy), mixed where counted
                 x_next[counted] = mixer.step(x_old[counted], x_next[counted])
                 if mixer.mixed:
+                    unmixed = (full.clone(), sigma2)
                     full[free] = x_next
                     sigma2 = _set_full_vector(prior, full)
                 entry["accelerated"] = mixer.mixed

@@ -511,16 +511,19 @@ def solver_outcome(trace: list[dict]) -> dict:
     """How the EM's linear solves ended, from an EM trace (entries with
     ``solver_converged`` and ``solver_residual``): ``em_steps``, the steps whose solves
     stopped above tolerance (``unconverged``), the largest relative residual
-    (``max_residual``; None where the method reports none) and the largest
+    (``max_residual``; None where the method reports none) of the steps the EM kept (a step
+    the EM discarded is counted in ``rejected``, not there), the largest
     preconditioner rank (``max_precond_rank``; None without one: an adaptive rank
     shows its growth here), the solver iterations summed over the steps
     (``solver_iterations``) and the EM's seconds (``em_s``)."""
-    residuals = [t["solver_residual"] for t in trace if t.get("solver_residual") is not None]
+    kept = [t for t in trace if not t.get("rejected")]
+    residuals = [t["solver_residual"] for t in kept if t.get("solver_residual") is not None]
     ranks = [t["precond_rank"] for t in trace if t.get("precond_rank")]
     return {"em_steps": len(trace),
             "solver_iterations": int(sum(t.get("solver_iterations") or 0 for t in trace)),
             "em_s": float(sum(t.get("seconds") or 0.0 for t in trace)),
-            "unconverged": sum(t.get("solver_converged") is False for t in trace),
+            "unconverged": sum(t.get("solver_converged") is False for t in kept),
+            "rejected": len(trace) - len(kept),
             "max_residual": max(residuals) if residuals else None,
             "max_precond_rank": max(ranks) if ranks else None}
 
@@ -538,7 +541,7 @@ def solver_warnings(traces: list[list[dict]]) -> list[str]:
     if not outcome["unconverged"]:
         return []
     missed = {i for i, trace in enumerate(traces) for t in trace or []
-              if t.get("solver_converged") is False}
+              if t.get("solver_converged") is False and not t.get("rejected")}
     where = f" (slices {sorted(missed)})" if len(traces) > 1 else ""
     msg = (f"posterior: the linear solves of {outcome['unconverged']} of "
            f"{outcome['em_steps']} EM steps{where} stopped at their iteration cap above "

@@ -54,8 +54,9 @@ class LaplaceSettings:
     em_acceleration : {'none', 'anderson'}
         Run each E-step at the Anderson mixing of the last M-steps' results
         (same fixed point, fewer E-steps; :class:`~ctuq.posterior.em.EMOptions`
-        ``acceleration``). Experimental: it diverged on a 128² scan at I0 1e5
-        (docs/speed.md). Default ``'none'``.
+        ``acceleration``). A mixed point whose E-step's solves stall is
+        rejected and the mixing stops (it had diverged on a 128² scan at I0
+        1e5 without that guard; docs/speed.md). Default ``'none'``.
     update : {'mackay', 'em'}
         M-step of the per-block variances. Default ``'mackay'``.
     learn_noise : bool
