@@ -544,7 +544,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
     calm = 0  # consecutive M-steps that moved no counted hyperparameter by em_tol
     mixer = AndersonMixer() if opts.acceleration == "anderson" else None
     mixed_mask = None  # the counted entries the mixer's history is of
-    unmixed = None  # (plain point, σ², E-step before it) while the next E-step is at a mix
+    unmixed = None  # the plain M-step's point while the next E-step runs at a mixed one
     step = -1
     while step < total - 1:
         step += 1
@@ -572,7 +572,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
                         "solves above their tolerance (largest residual %.3g): rejected; "
                         "the E-step runs again at the plain update, without mixing",
                         step, trace[-1]["solver_residual"] or float("nan"))
-            sigma2 = _set_full_vector(prior, unmixed[0])
+            sigma2 = _set_full_vector(prior, unmixed)
             sample, mixer, unmixed, total = previous, None, None, total + 1
             info["acceleration_rejected"] = step
             continue
@@ -618,7 +618,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
                 x_next = full[free]  # the M-step's result (a copy), mixed where counted
                 x_next[counted] = mixer.step(x_old[counted], x_next[counted])
                 if mixer.mixed:
-                    unmixed = (full.clone(), sigma2)
+                    unmixed = full.clone()
                     full[free] = x_next
                     sigma2 = _set_full_vector(prior, full)
                 entry["accelerated"] = mixer.mixed

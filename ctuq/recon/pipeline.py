@@ -509,12 +509,12 @@ def _metrics_stage(s: _Slice) -> None:
 
 def solver_outcome(trace: list[dict]) -> dict:
     """How the EM's linear solves ended, from an EM trace (entries with
-    ``solver_converged`` and ``solver_residual``): ``em_steps``, the steps whose solves
-    stopped above tolerance (``unconverged``), the largest relative residual
-    (``max_residual``; None where the method reports none) of the steps the EM kept (a step
-    the EM discarded is counted in ``rejected``, not there), the largest
-    preconditioner rank (``max_precond_rank``; None without one: an adaptive rank
-    shows its growth here), the solver iterations summed over the steps
+    ``solver_converged`` and ``solver_residual``): ``em_steps`` (every E-step run),
+    ``rejected`` (E-steps the EM discarded: an Anderson-mixed point whose solves stalled),
+    of the steps it kept ``unconverged`` (solves stopped above tolerance) and
+    ``max_residual`` (the largest relative residual; None where the method reports none),
+    the largest preconditioner rank (``max_precond_rank``; None without one: an adaptive
+    rank shows its growth here), the solver iterations summed over the steps
     (``solver_iterations``) and the EM's seconds (``em_s``)."""
     kept = [t for t in trace if not t.get("rejected")]
     residuals = [t["solver_residual"] for t in kept if t.get("solver_residual") is not None]
