@@ -28,7 +28,9 @@ is the row's record, or measured on the scan simulated again); all are
 candidates of the rule too. ``--noise-rules residual`` adds each width, and each
 width floored by each threshold, with the held-out likelihood's noise variance
 scaled by the fit's excess (``'<width> residual'``, ``'<width> auto <T> residual'``:
-the setting ``heldout_noise = 'residual'``). docs/defaults.md tells why the third condition is
+the setting ``heldout_noise = 'residual'``). ``--checked`` adds each width floored as
+``heldout_calibration_floor = 'checked'`` does (``'<width> checked'``). docs/defaults.md
+tells why the third condition is
 there (the validation images come from the calibration's own families).
 
 Usage::
@@ -69,6 +71,9 @@ def main(argv=None):
                          "each width floored by each excess threshold, with the held-out "
                          "likelihood's noise variance as the rule sets it ('<width> <rule>', "
                          "'<width> auto <T> <rule>'), candidates of the rule")
+    ap.add_argument("--checked", action="store_true",
+                    help="also each width floored as heldout_calibration_floor = 'checked' "
+                         "does ('<width> checked'), candidates of the rule")
     ap.add_argument("--split", default="validation",
                     help="the split the rows come from, recorded (a test split's refit reports "
                          "the chosen setting; it chooses nothing)")
@@ -83,7 +88,7 @@ def main(argv=None):
     rows = list(read_cases(args.partial, "id").values())
     tuned = tune_prior_width(rows, args.arrays, args.calibration,
                              [float(w) for w in args.widths.split(",")], floor=args.floor,
-                             calibration_floor=args.calibration_floor,
+                             calibration_floor=args.calibration_floor, checked=args.checked,
                              excess_thresholds=[float(t) for t in
                                                 args.excess_thresholds.split(",") if t],
                              noise_rules=[r for r in args.noise_rules.split(",") if r],

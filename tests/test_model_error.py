@@ -170,7 +170,8 @@ def test_heldout_prior_fades_where_the_projections_see_the_model_error():
     for lik in _heldout_likelihoods(1e-3, 4):
         c = lik.fit(prior, prior_width=1.0)
         assert c.info["prior"] == {"t0": prior.t0, "s1": prior.s1, "width": 1.0,
-                                   "floor": False}
+                                   "floor": False, "floor_rejection_nats": None,
+                                   "floor_rejected": False}
         assert c.info["mle"]["t0"] == pytest.approx(lik.fit().t0)
         estimates.append((c.t0, c.s1))
     t0_hat, s1_hat = np.mean(estimates, 0)
@@ -351,3 +352,31 @@ def test_makes_fit_first_says_which_terms_make_a_fit_first(name):
     cls = me.MODEL_ERROR_TERMS[name]
     overrides = cls.fit_first is not me.ModelErrorTerm.fit_first
     assert cls.makes_fit_first == overrides
+
+
+def test_calibration_floor_is_dropped_where_the_projections_reject_it():
+    """``floor_reject``: the floor is kept unless the held-out log-likelihood at the floored
+    coefficients is more than that many nats below the fit's own (negligible coefficients
+    still held at zero); the rejection is the summed log-likelihood difference."""
+    lik = next(_heldout_likelihoods(1e-3, 1))
+    m = len(lik.r)
+    high = me.ModelErrorCoefficients(0.0, 3 * HELDOUT_S1, "calibrated")
+    kept = lik.fit(high, prior_width=0.1, floor=True)  # default: never dropped
+    nats = kept.info["prior"]["floor_rejection_nats"]
+    assert kept.s1 == high.s1 and not kept.info["prior"]["floor_rejected"]
+    dropped = lik.fit(high, prior_width=0.1, floor=True, floor_reject=0.0)
+    assert dropped.t0 == 0.0 and dropped.s1 < high.s1 and dropped.info["prior"]["floor_rejected"]
+    held = math.log(1e-9)  # t0 at zero
+    assert nats == pytest.approx(m * (lik.nll(held, math.log(high.s1))
+                                      - lik.nll(held, math.log(dropped.s1))), rel=1e-4)
+    assert nats > 10.0  # 3x the true s1: these projections reject it clearly
+    # the threshold decides, nothing else
+    assert lik.fit(high, prior_width=0.1, floor=True, floor_reject=0.999 * nats).s1 == \
+        dropped.s1
+    assert lik.fit(high, prior_width=0.1, floor=True, floor_reject=1.001 * nats).s1 == high.s1
+    # a floor below what the data show does not bind: nothing to reject
+    low = me.ModelErrorCoefficients(0.0, HELDOUT_S1 / 10, "calibrated")
+    c0 = lik.fit(low, prior_width=20.0, floor=True, floor_reject=0.0)
+    assert c0.info["prior"]["floor_rejection_nats"] == 0.0
+    assert not c0.info["prior"]["floor_rejected"]
+    assert c0.s1 == lik.fit(low, prior_width=20.0, floor=True).s1

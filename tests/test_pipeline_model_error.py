@@ -3,6 +3,8 @@ each method, the calibration file, and what the result file holds."""
 
 from __future__ import annotations
 
+import math
+
 import h5py
 import numpy as np
 import pytest
@@ -11,7 +13,8 @@ import ctuq
 from ctuq.errors import InputError
 from ctuq.recon.config import UncertaintyConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
-from ctuq.recon.model_error.terms import FLOOR_EXCESS, floor_applies, heldout_noise_scale
+from ctuq.recon.model_error.terms import (FLOOR_EXCESS, FLOOR_REJECT_NATS, floor_applies,
+                                         floor_rejection, heldout_noise_scale)
 
 from conftest import digit_sinogram
 
@@ -146,8 +149,9 @@ def test_heldout_with_a_calibration_records_its_prior_and_the_likelihood_optimum
     # the fit's excess is measured for the held-out noise rule ('residual', the default)
     prior = dict(info["prior"])
     assert prior.pop("fit_excess") > 0
+    assert prior.pop("floor_rejection_nats") >= 0.0  # measured; 'on' never drops the floor
     assert prior == {"t0": 2.0, "s1": 0.3, "width": 0.5, "floor": True, "from": str(path),
-                     "floor_rule": "on"}
+                     "floor_rule": "on", "floor_rejected": False}
     assert set(info["mle"]) == {"t0", "s1"}
     var_post = r.posterior_std.astype(np.float64) ** 2
     me = r.config["model_error"]
@@ -167,6 +171,16 @@ def test_heldout_with_a_calibration_records_its_prior_and_the_likelihood_optimum
     mf = free.config["model_error"]
     assert (me["t0"], me["s1"]) == pytest.approx((max(mf["t0"], 2.0), max(mf["s1"], 0.3)),
                                                  rel=1e-6)
+    # 'checked': these projections reject the floor (by far more than FLOOR_REJECT_NATS),
+    # so the coefficients are the unfloored fit's
+    checked = ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4,
+                                             model_error_file=str(path),
+                                             heldout_prior_width=0.5,
+                                             heldout_calibration_floor="checked"))
+    mc = checked.config["model_error"]
+    assert mc["info"]["prior"]["floor_rejection_nats"] > FLOOR_REJECT_NATS
+    assert mc["info"]["prior"]["floor_rejected"] and mc["info"]["prior"]["floor"]
+    assert (mc["t0"], mc["s1"]) == pytest.approx((mf["t0"], mf["s1"]), rel=1e-6)
 
 
 def test_auto_floor_reads_the_fits_excess_the_consistency_stage_also_measures(scan, tmp_path):
@@ -194,12 +208,23 @@ def test_auto_floor_reads_the_fits_excess_the_consistency_stage_also_measures(sc
 
 def test_floor_rule_choices_and_their_decisions():
     assert UncertaintyConfig().heldout_calibration_floor == "auto"
+    # dip-64's preset checks its floor; a user's choice still wins
+    cfg = ctuq.ReconstructionConfig()
+    assert cfg.resolve((64, 64))[1].heldout_calibration_floor == "checked"
+    assert cfg.resolve((128, 128))[1].heldout_calibration_floor == "auto"
+    given = ctuq.ReconstructionConfig(uncertainty={"heldout_calibration_floor": "auto"})
+    assert given.resolve((64, 64))[1].heldout_calibration_floor == "auto"
     assert UncertaintyConfig(heldout_calibration_floor=False).heldout_calibration_floor == "off"
     with pytest.raises(InputError, match="heldout_calibration_floor"):
         UncertaintyConfig(heldout_calibration_floor="sometimes")
     assert floor_applies("auto", FLOOR_EXCESS * 1.01) and not floor_applies("auto", 0.9)
     assert not floor_applies("auto", None)  # no calibration: nothing measured, no floor
     assert floor_applies("on", 0.5) and not floor_applies("off", 50.0)
+    # 'checked' floors where 'auto' does; only it drops a floor the projections reject
+    for excess in (None, 0.9, FLOOR_EXCESS * 1.01):
+        assert floor_applies("checked", excess) == floor_applies("auto", excess)
+    assert floor_rejection("checked") == FLOOR_REJECT_NATS
+    assert all(floor_rejection(c) == math.inf for c in ("auto", "on", "off"))
 
 
 def test_held_out_noise_rule_choices_and_their_scales():

@@ -165,7 +165,8 @@ def row_fit_excess(row: dict, x_hat, record: dict | None = None, suffix: str = "
 
 def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
                      floor: bool = False, calibration_floor: bool = False,
-                     excess_thresholds=(), noise_rules=(), suffix: str = "") -> dict:
+                     excess_thresholds=(), noise_rules=(), checked: bool = False,
+                     suffix: str = "") -> dict:
     """Score every width of the held-out fit's prior on stored scans.
 
     Parameters
@@ -201,6 +202,13 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         and verdict measured by :func:`row_fit_record`; ``'given'``: the run's ``σ²``); the
         other candidates read the residuals as the run did (the kept likelihood's own
         ``noise_scale``). Candidates of the rule too. Default none.
+    checked : bool
+        Also each width floored as ``heldout_calibration_floor = 'checked'`` does
+        (``'<width> checked'``: where the excess is above
+        :data:`~ctuq.recon.model_error.terms.FLOOR_EXCESS`, unless the held-out
+        projections reject the floor by more than
+        :data:`~ctuq.recon.model_error.terms.FLOOR_REJECT_NATS`); candidates of the rule
+        too. Default False.
     suffix : str
         The run's variant to tune (``--variant NAME:...`` of ``bench_calibration.py``
         is ``'_NAME'``). Default ``''``: the default reconstruction.
@@ -212,7 +220,8 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         candidate), ``cases``, ``seconds``.
     """
     from ctuq.recon.model_error import ModelErrorCoefficients
-    from ctuq.recon.model_error.terms import floor_applies, heldout_noise_scale
+    from ctuq.recon.model_error.terms import (floor_applies, floor_rejection,
+                                              heldout_noise_scale)
 
     t_start = time.perf_counter()
     prior = ModelErrorCoefficients.load(calibration)
@@ -226,7 +235,7 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         lik, truth, x_hat, var_post = kept
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         record = row_fit_record(r, x_hat) if noise_rules else None  # the verdict too
-        if excess_thresholds or noise_rules:
+        if excess_thresholds or noise_rules or checked:
             row["fit_excess"] = row_fit_excess(r, x_hat, record, suffix)
         if record is not None:
             row["verdict"] = record["verdict"]
@@ -240,6 +249,10 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
             floored = floor_applies("auto", row["fit_excess"], threshold=t)
             candidates.update({f"{w} auto {t:g}": lik.fit(prior, w, mle=mle, floor=floored)
                                for w in finite})
+        if checked:
+            candidates.update({f"{w} checked": lik.fit(
+                prior, w, mle=mle, floor=floor_applies("checked", row["fit_excess"]),
+                floor_reject=floor_rejection("checked")) for w in finite})
         for rule in noise_rules:
             scaled = dataclasses.replace(lik, noise_scale=heldout_noise_scale(
                 rule, {"chi2_dof": row["fit_excess"], "verdict": row["verdict"]}))
@@ -259,6 +272,7 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
     summary = {w: summarise(rs) for w, rs in per_width.items() if rs}
     ruled = [str(w) for w in widths] + [f"{w} floor" for w in finite if calibration_floor] \
         + [f"{w} auto {t:g}" for t in excess_thresholds for w in finite] \
+        + [f"{w} checked" for w in finite if checked] \
         + [f"{w} {rule}" for rule in noise_rules for w in finite] \
         + [f"{w} auto {t:g} {rule}" for rule in noise_rules for t in excess_thresholds
            for w in finite]

@@ -174,10 +174,14 @@ class UncertaintyConfig:
         calibration's, so the held-out fit may widen the calibrated interval,
         never narrow it. ``'auto'``: when the fit leaves more than the noise
         in the data (the mean squared whitened residual of the image shown,
-        over all rays, above 1: see :data:`FLOOR_EXCESS`); ``'on'``: always;
-        ``'off'``: never. ``True``/``False`` are read as ``'on'``/``'off'``.
+        over all rays, above 1: see :data:`FLOOR_EXCESS`); ``'checked'``: as
+        ``'auto'``, but not where the held-out projections reject the floor (their
+        log-likelihood at it more than :data:`FLOOR_REJECT_NATS` nats below the
+        unfloored fit's); ``'on'``: always; ``'off'``: never. ``True``/``False``
+        are read as ``'on'``/``'off'``.
         Default ``'auto'`` (chosen on the validation split: better than
-        either on both the realistic and the standard scans, docs/defaults.md).
+        either on both the realistic and the standard scans); ``dip-64``:
+        ``'checked'`` (docs/defaults.md).
     heldout_noise : str
         Held-out term: the noise variance the held-out residuals are read with.
         ``'given'``: the run's ``σ²``. ``'residual'``: ``σ²`` times the fit's
@@ -241,7 +245,8 @@ class UncertaintyConfig:
     heldout_calibration_floor: str = setting(
         "auto", kind=str, choices=FLOOR_CHOICES,
         doc="Held-out term: when the calibration is a lower bound: auto (the fit leaves "
-            "more than the noise in the data), on, off.")
+            "more than the noise in the data), checked (auto, unless the held-out "
+            "projections reject it), on, off.")
     heldout_noise: str = setting(
         "residual", kind=str, choices=HELDOUT_NOISE_CHOICES,
         doc="Held-out term: noise variance of the held-out residuals: given (the run's), "

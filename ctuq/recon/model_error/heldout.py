@@ -337,7 +337,7 @@ class HeldoutLikelihood:
 
     def fit(self, prior: "ModelErrorCoefficients | None" = None, prior_width: float = 1.0, *,
             mle: "ModelErrorCoefficients | None" = None,
-            floor: bool = False) -> "ModelErrorCoefficients":
+            floor: bool = False, floor_reject: float = math.inf) -> "ModelErrorCoefficients":
         """Maximum likelihood, or maximum a posteriori under a log-normal prior.
 
         Parameters
@@ -362,6 +362,14 @@ class HeldoutLikelihood:
             the calibrated interval where they see more error, never narrow
             it (docs/defaults.md: a free ``t0`` takes up the data's excess
             over the noise model, not the image's error). Default False.
+        floor_reject : float, optional
+            With ``floor``: the floor is dropped (the maximum a posteriori kept,
+            negligible coefficients still held at zero) where the held-out
+            log-likelihood at the floored coefficients is more than this many
+            nats below the maximum a posteriori's: the projections reject it (on
+            piecewise-constant images the calibration's ``s1`` predicts several
+            times the held-out residual they show; docs/defaults.md). Default
+            ``inf``: never dropped.
 
         Returns
         -------
@@ -403,10 +411,15 @@ class HeldoutLikelihood:
             return [float(math.sqrt(v)) if v > _VAR_MIN else 0.0 for v in best.x], best.x
 
         (t0, s1), v = search(centre is not None, held)
-        if floor and centre is not None:  # the calibration as a lower bound
-            t0, s1 = (c if h else max(c, p)
-                      for c, p, h in zip((t0, s1), (prior.t0, prior.s1), held))
-            v = [max(c * c, _VAR_MIN) for c in (t0, s1)]
+        rejection = None
+        if floor and centre is not None:  # the calibration as a lower bound ...
+            floored = [c if h else max(c, p)
+                       for c, p, h in zip((t0, s1), (prior.t0, prior.s1), held)]
+            v_floored = [max(c * c, _VAR_MIN) for c in floored]
+            # ... unless the held-out projections reject it (nats, summed over them)
+            rejection = m * (self._nll_at_variances(v_floored) - self._nll_at_variances(v))
+            if not rejection > floor_reject:
+                (t0, s1), v = floored, v_floored
         info = {"heldout_angles": int(self.heldout_angles), "measurements": int(m),
                 "correlation_length": float(self.correlation_length),
                 "nll_per_measurement": self._nll_at_variances(v),
@@ -414,7 +427,9 @@ class HeldoutLikelihood:
         if centre is not None:
             t0_ml, s1_ml = search(False)[0] if mle is None else (mle.t0, mle.s1)
             info.update(prior={"t0": prior.t0, "s1": prior.s1, "width": float(prior_width),
-                               "floor": bool(floor)},
+                               "floor": bool(floor), "floor_rejection_nats": rejection,
+                               "floor_rejected": rejection is not None
+                               and rejection > floor_reject},
                         mle={"t0": t0_ml, "s1": s1_ml})
         return ModelErrorCoefficients(t0, s1, HELDOUT, info=info)
 
@@ -579,7 +594,7 @@ def _edge_feature(image) -> np.ndarray:
 def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float, *,
                 max_rows: int = 2048, seed: int = 0, prior: ModelErrorCoefficients | None = None,
                 prior_width: float = 1.0, ray_variance=None, correlation_length: float = 0.0,
-                keep: list | None = None, floor: bool = False,
+                keep: list | None = None, floor: bool = False, floor_reject: float = math.inf,
                 noise_scale: float = 1.0) -> ModelErrorCoefficients:
     """Coefficients from the likelihood of held-out projections (the held-out term).
 
@@ -603,6 +618,9 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
     floor : bool, optional
         With ``prior``, the calibration is also a lower bound
         (:meth:`HeldoutLikelihood.fit`). Default False.
+    floor_reject : float, optional
+        Nats by which the held-out projections must reject the floor for it to be
+        dropped (:meth:`HeldoutLikelihood.fit`). Default ``inf`` (never).
     noise_scale
         As :func:`heldout_likelihood`.
     keep : list, optional
@@ -620,5 +638,5 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
                              correlation_length=correlation_length, noise_scale=noise_scale)
     if keep is not None:
         keep.append(lik)
-    return lik.fit(prior, prior_width, floor=floor)
+    return lik.fit(prior, prior_width, floor=floor, floor_reject=floor_reject)
 
