@@ -427,7 +427,9 @@ class HeldoutLikelihood:
         if centre is not None:
             t0_ml, s1_ml = search(False)[0] if mle is None else (mle.t0, mle.s1)
             info.update(prior={"t0": prior.t0, "s1": prior.s1, "width": float(prior_width),
-                               "floor": bool(floor), "floor_rejection_nats": rejection,
+                               "floor": bool(floor),
+                               "floor_rejection_nats": rejection if rejection is not None
+                               and math.isfinite(rejection) else None,  # JSON: no inf
                                "floor_rejected": rejection is not None
                                and rejection > floor_reject},
                         mle={"t0": t0_ml, "s1": s1_ml})
