@@ -195,6 +195,14 @@ def _full_vector(prior: GaussianPrior, sigma2: float) -> Tensor:
     return torch.cat(parts)
 
 
+def _solve_record(sample: PosteriorSample) -> dict:
+    """How an E-step's solves ended, as its trace entry records it."""
+    return {"solver_iterations": int(sample.info.get("iterations", 0)),
+            "solver_converged": bool(sample.info.get("converged", True)),
+            "solver_residual": max_residual(sample.info),
+            "precond_rank": int(sample.info.get("precond_rank", 0))}
+
+
 def _set_full_vector(prior: GaussianPrior, full: Tensor) -> float:
     """Write a :func:`_full_vector` back into ``prior``; returns ``σ²``."""
     nb = prior.num_blocks
@@ -563,10 +571,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
             # at the plain M-step's point (one E-step more) and the mixing stops
             a_cur, l_cur = prior_lists(prior)
             trace.append({"step": step, "a_b": a_cur, "l_b": l_cur, "sigma2": sigma2,
-                          "rejected": True, "change": None,
-                          "solver_iterations": int(sample.info.get("iterations", 0)),
-                          "solver_converged": False,
-                          "solver_residual": max_residual(sample.info),
+                          "rejected": True, "change": None, **_solve_record(sample),
                           "seconds": time.perf_counter() - t0})
             log.warning("EM step %d: the Anderson-mixed hyperparameters left the E-step's "
                         "solves above their tolerance (largest residual %.3g): rejected; "
@@ -587,11 +592,7 @@ def fit_hyperparameters(likelihood, prior: GaussianPrior, noise_var: float, samp
             "gamma_hat": [float(v) for v in stats.gamma_hat],
             "gamma_hat_se": [float(v) for v in stats.gamma_hat_se],
             "gamma_total": stats.gamma_total, "gamma_total_se": stats.gamma_total_se,
-            "residual_norm": stats.residual_norm,
-            "solver_iterations": int(sample.info.get("iterations", 0)),
-            "solver_converged": bool(sample.info.get("converged", True)),
-            "solver_residual": max_residual(sample.info),
-            "precond_rank": int(sample.info.get("precond_rank", 0)),
+            "residual_norm": stats.residual_norm, **_solve_record(sample),
             "change": None, "log_hyperprior": None,
         }
         last = converged or step == total - 1

@@ -516,7 +516,7 @@ def solver_outcome(trace: list[dict]) -> dict:
     the largest preconditioner rank (``max_precond_rank``; None without one: an adaptive
     rank shows its growth here), the solver iterations summed over the steps
     (``solver_iterations``) and the EM's seconds (``em_s``)."""
-    kept = [t for t in trace if not t.get("rejected")]
+    kept = [t for t in trace if not t.get("rejected")]  # discarded E-steps do not count
     residuals = [t["solver_residual"] for t in kept if t.get("solver_residual") is not None]
     ranks = [t["precond_rank"] for t in trace if t.get("precond_rank")]
     return {"em_steps": len(trace),
@@ -540,8 +540,8 @@ def solver_warnings(traces: list[list[dict]]) -> list[str]:
     outcome = solver_outcome([t for trace in traces for t in trace or []])
     if not outcome["unconverged"]:
         return []
-    missed = {i for i, trace in enumerate(traces) for t in trace or []
-              if t.get("solver_converged") is False and not t.get("rejected")}
+    missed = {i for i, trace in enumerate(traces)
+              if solver_outcome(trace or [])["unconverged"]}
     where = f" (slices {sorted(missed)})" if len(traces) > 1 else ""
     msg = (f"posterior: the linear solves of {outcome['unconverged']} of "
            f"{outcome['em_steps']} EM steps{where} stopped at their iteration cap above "

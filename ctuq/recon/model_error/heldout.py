@@ -411,14 +411,15 @@ class HeldoutLikelihood:
             return [float(math.sqrt(v)) if v > _VAR_MIN else 0.0 for v in best.x], best.x
 
         (t0, s1), v = search(centre is not None, held)
-        rejection = None
+        rejection, rejected = None, False
         if floor and centre is not None:  # the calibration as a lower bound ...
             floored = [c if h else max(c, p)
                        for c, p, h in zip((t0, s1), (prior.t0, prior.s1), held)]
             v_floored = [max(c * c, _VAR_MIN) for c in floored]
             # ... unless the held-out projections reject it (nats, summed over them)
             rejection = m * (self._nll_at_variances(v_floored) - self._nll_at_variances(v))
-            if not rejection > floor_reject:
+            rejected = rejection > floor_reject
+            if not rejected:
                 (t0, s1), v = floored, v_floored
         info = {"heldout_angles": int(self.heldout_angles), "measurements": int(m),
                 "correlation_length": float(self.correlation_length),
@@ -430,8 +431,7 @@ class HeldoutLikelihood:
                                "floor": bool(floor),
                                "floor_rejection_nats": rejection if rejection is not None
                                and math.isfinite(rejection) else None,  # JSON: no inf
-                               "floor_rejected": rejection is not None
-                               and rejection > floor_reject},
+                               "floor_rejected": bool(rejected)},
                         mle={"t0": t0_ml, "s1": s1_ml})
         return ModelErrorCoefficients(t0, s1, HELDOUT, info=info)
 

@@ -76,6 +76,8 @@ FLOOR_CHOICES = ("checked", "auto", "on", "off")
 #: others 1.8; on 16 standard scans 3 at 93–300, the others 0): a clear rejection, not a
 #: tuned number (docs/defaults.md).
 FLOOR_REJECT_NATS = 10.0
+#: The choices that floor by the fit's excess (:func:`floor_applies` reads it for them).
+_BY_EXCESS = ("auto", "checked")
 #: ``'auto'`` floors where the image shown leaves more than this mean squared whitened
 #: residual per ray (every ray counted as a degree of freedom, so a fit at the noise
 #: level stays below it): the data then hold an excess over the noise model that the
@@ -130,7 +132,7 @@ def floor_applies(choice: str, excess: float | None, threshold: float = FLOOR_EX
     if choice not in FLOOR_CHOICES:
         raise InputError(f"must be one of {', '.join(FLOOR_CHOICES)}, got {choice!r}",
                          field="uncertainty.heldout_calibration_floor")
-    if choice in ("auto", "checked"):
+    if choice in _BY_EXCESS:
         return excess is not None and excess > threshold
     return choice == "on"
 
@@ -351,7 +353,7 @@ class HeldoutTerm(ModelErrorTerm):
         image = shown_image(fit, mean_step, length)
         rule = s.heldout_calibration_floor
         record = fit_record(problem, image) if s.heldout_noise != "given" or (
-            rule in ("auto", "checked") and self.calibration is not None) else None
+            rule in _BY_EXCESS and self.calibration is not None) else None
         excess = None if record is None else float(record["chi2_dof"])
         scale = heldout_noise_scale(s.heldout_noise, record)
         coeffs = fit_heldout(problem.op, problem.y, mask, x_in.cpu(),
