@@ -132,3 +132,30 @@ def test_unnormalized_variant_fits_the_data_as_simulated(bench):
     assert plain["dip_tv"]["psnr"] != pytest.approx(scaled["dip_tv"]["psnr"], abs=1e-3)
     s = bench.summarise_sweep([], [{**plain, "variant": "v"}])
     assert s == {"28": {}}  # no TV row for the case: nothing is compared
+
+
+
+def test_architecture_variant_fits_the_changed_network_and_records_the_change(bench, monkeypatch):
+    import json
+
+    from ctuq.models import count_parameters
+    from ctuq.models.unet import UNet
+    from ctuq.recon import dip as dip_module
+
+    seen = []
+    real = dip_module.fit_dip
+
+    def spy(y, op, cfg, **kw):
+        seen.append(cfg.unet_config())
+        return real(y, op, cfg, **kw)
+
+    monkeypatch.setattr(dip_module, "fit_dip", spy)
+    case = bench.sweep_cases(28, 1, families=["digits"])[0]
+    changes = {"iterations": 5, "unet": {"channels": [8, 8, 8]}}
+    row = bench.run_dip_variant_case(case, changes, monitor_every=5)
+    net = seen[-1]
+    assert net.channels == (8, 8, 8)  # the change, on the size's preset otherwise
+    assert net.scales == 3 and net.skip_channels == (0, 4, 4)
+    assert count_parameters(UNet(net)) < count_parameters(UNet(net.with_(channels=(32,) * 3)))
+    assert row["changes"] == changes  # as given: the row stays JSON
+    json.dumps(row)

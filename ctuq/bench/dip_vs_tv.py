@@ -213,11 +213,14 @@ def run_dip_variant_case(case: dict, changes: dict, monitor_every: int = 100, *,
 
     ``changes`` are :class:`~ctuq.recon.dip.DIPConfig` fields (e.g.
     ``tv_weight_factor``, ``net_input``, ``iterations``, ``lr``,
-    ``warm_start``), and optionally ``heldout_every``: fit without every
-    that-many-th angle (the held-out model error's fit,
+    ``warm_start``; ``unet`` as a dict of :class:`~ctuq.models.UNetConfig`
+    changes to the size's preset, e.g. ``{"channels": [16, 16, 16, 16]}``),
+    and optionally ``heldout_every``: fit without every that-many-th angle
+    (the held-out model error's fit,
     :func:`~ctuq.recon.model_error.heldout.heldout_fit`, at least the
-    pipeline's ``heldout_min_out`` angles out) and trace the left-out projections' mean squared residual beside
-    the PSNR, the ground-truth-free stopping signal; ``heldout_stop`` is the
+    pipeline's ``heldout_min_out`` angles out) and trace the left-out
+    projections' mean squared residual beside the PSNR, the ground-truth-free
+    stopping signal; ``heldout_stop`` is the
     traced iterate of the lowest held-out residual (iteration, PSNR).
 
     The fit is monitored every ``monitor_every`` iterations: the PSNR of the
@@ -231,17 +234,21 @@ def run_dip_variant_case(case: dict, changes: dict, monitor_every: int = 100, *,
     fits the data as simulated (docs/dip.md §6's sweeps). ``offset``: the
     noise draw, as in :func:`run_tv_sweep_case`.
     """
-    from ctuq.models.unet import preset_name_for_size
+    from ctuq.models.unet import preset_name_for_size, unet_preset
     from ctuq.recon.config import UncertaintyConfig
     from ctuq.recon.dip import DIPConfig, fit_dip
     from ctuq.recon.model_error.heldout import heldout_fit, heldout_split
 
     changes = dict(changes)
     every = changes.pop("heldout_every", None)
+    fields = dict(changes)
+    if isinstance(fields.get("unet"), dict):  # architecture changes to the size's preset
+        fields["unet"] = unet_preset(case["size"]).with_(**{
+            k: tuple(v) if isinstance(v, list) else v for k, v in fields["unet"].items()})
     scan = simulate(case, offset=offset)
     scale, y, sigma = fitted_data(scan, normalize)
     cfg = DIPConfig.preset_defaults(preset_name_for_size(case["size"]), device="cpu",
-                                    progress_every=monitor_every, **changes)
+                                    progress_every=monitor_every, **fields)
     trace = []
     out_mask = None  # the held-out fit's left-out angles (the pipeline's fewest left out)
     min_out = UncertaintyConfig().heldout_min_out
