@@ -208,12 +208,14 @@ def test_auto_floor_reads_the_fits_excess_the_consistency_stage_also_measures(sc
 
 def test_floor_rule_choices_and_their_decisions():
     assert UncertaintyConfig().heldout_calibration_floor == "auto"
-    # dip-64's preset checks its floor; a user's choice still wins
+    # the dip-64 and dip-128 presets check their floor; a user's choice still wins
     cfg = ctuq.ReconstructionConfig()
     assert cfg.resolve((64, 64))[1].heldout_calibration_floor == "checked"
-    assert cfg.resolve((128, 128))[1].heldout_calibration_floor == "auto"
+    assert cfg.resolve((128, 128))[1].heldout_calibration_floor == "checked"
+    assert cfg.resolve((256, 256))[1].heldout_calibration_floor == "auto"
     given = ctuq.ReconstructionConfig(uncertainty={"heldout_calibration_floor": "auto"})
     assert given.resolve((64, 64))[1].heldout_calibration_floor == "auto"
+    assert given.resolve((128, 128))[1].heldout_calibration_floor == "auto"
     assert UncertaintyConfig(heldout_calibration_floor=False).heldout_calibration_floor == "off"
     with pytest.raises(InputError, match="heldout_calibration_floor"):
         UncertaintyConfig(heldout_calibration_floor="sometimes")
