@@ -21,9 +21,9 @@ and the rank correlation of ``k*`` with each truth-free signal, including the tw
 fits' difference ``mean((x̂ − c x̂_in)² / v)`` (``x̂_in`` the held-out fit's image, ``c``
 its least-squares scale to ``x̂``).
 
-One JSON document on stdout: per candidate the mean ±1σ and ±2σ coverage, the worst
-image's ±2σ, ±2σ on the truth's edges, the per-pixel log-likelihood and mean std / RMSE;
-per image ``k*`` and the signals.
+One JSON document on stdout: per candidate the mean and the worst image of ±1σ and ±2σ
+coverage, ±2σ on the truth's edges, the per-pixel log-likelihood, Spearman and mean std /
+RMSE (as ``tune_heldout_prior.py`` scores them); per image ``k*`` and the signals.
 
 Usage::
 
@@ -34,48 +34,27 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 
 import numpy as np
-import torch
 from scipy.optimize import minimize, minimize_scalar
 from scipy.stats import spearmanr
 
 from ctuq.bench.runner import dump_json, read_cases
-from ctuq.bench.tuning import kept_case, row_fit_excess
+from ctuq.bench.tuning import kept_case, row_fit_excess, score_variance, summarise
 from ctuq.recon.model_error import ModelErrorCoefficients
-from ctuq.recon.model_error.edges import edge_mask, edge_strength
+from ctuq.recon.model_error.edges import edge_strength
 from ctuq.recon.model_error.terms import floor_applies, floor_rejection
 
 POSTERIOR_PRIOR_WIDTH = 0.5
 
 
-def scores(variance, err, edges) -> dict:
-    """±1σ, ±2σ, ±2σ on edges, per-pixel LL and mean std / RMSE of one image."""
-    z = np.abs(err) / np.sqrt(variance)
-    return {"coverage_1": float((z < 1).mean()), "coverage_2": float((z < 2).mean()),
-            "coverage_2_edges": float((z[edges] < 2).mean()) if edges.any() else 1.0,
-            "pixel_log_likelihood": float(np.mean(-0.5 * np.log(2 * np.pi * variance)
-                                                  - 0.5 * err ** 2 / variance)),
-            "std_over_rmse": float(np.sqrt(variance).mean() / np.sqrt((err ** 2).mean()))}
-
-
-def summary(per_image: list[dict]) -> dict:
-    out = {k: float(np.mean([s[k] for s in per_image])) for k in per_image[0]}
-    out["coverage_2_worst"] = float(min(s["coverage_2"] for s in per_image))
-    return out
-
-
-def _heldout_nll(lik, covariance):
-    """The held-out residuals' summed negative log-likelihood under ``covariance + noise``."""
-    noise = lik.noise_var * lik.noise_scale * (
-        np.ones(len(lik.r)) if lik.ray_variance is None else lik.ray_variance)
-    r = torch.as_tensor(lik.r)
-    M = torch.as_tensor(covariance).clone()
-    M.diagonal().add_(torch.as_tensor(noise))
-    L = torch.linalg.cholesky(M)
-    alpha = torch.cholesky_solve(r[:, None], L)[:, 0]
-    return float(0.5 * (r @ alpha) + torch.log(torch.diagonal(L)).sum())
+def _heldout_nll(lik, post_scale: float, t0: float, s1: float) -> float:
+    """The held-out residuals' summed negative log-likelihood with the posterior's part
+    ``M_post`` scaled by ``post_scale`` (the run's held-out likelihood otherwise)."""
+    scaled = dataclasses.replace(lik, M_post=post_scale * lik.M_post)
+    return len(lik.r) * scaled._nll_at_variances([t0 ** 2, s1 ** 2])
 
 
 def image_case(row, arrays, prior) -> dict | None:
@@ -89,17 +68,18 @@ def image_case(row, arrays, prior) -> dict | None:
     edge2 = edge_strength(x_hat).numpy().astype(np.float64) ** 2
     model = co.t0 ** 2 * post.mean() + co.s1 ** 2 * edge2
     x = x_hat.numpy().astype(np.float64)
-    M_model = co.t0 ** 2 * lik.M_const + co.s1 ** 2 * lik.M_edge
+    # c (M_post + t0² M_const + s1² M_edge): the posterior scaled by c, the coefficients by √c
     c = math.exp(minimize_scalar(lambda lc: _heldout_nll(
-        lik, math.exp(lc) * (lik.M_post + M_model)), bounds=(-6, 6), method="bounded").x)
-    a = math.exp(minimize_scalar(lambda la: _heldout_nll(
-        lik, math.exp(la) * lik.M_post + M_model) + 0.5 * la ** 2 / POSTERIOR_PRIOR_WIDTH ** 2,
-        bounds=(-6, 3), method="bounded").x)
+        lik, math.exp(lc), math.exp(lc / 2) * co.t0, math.exp(lc / 2) * co.s1),
+        bounds=(-6, 6), method="bounded").x)
+    a = math.exp(minimize_scalar(lambda la: _heldout_nll(lik, math.exp(la), co.t0, co.s1)
+                                 + 0.5 * la ** 2 / POSTERIOR_PRIOR_WIDTH ** 2,
+                                 bounds=(-6, 3), method="bounded").x)
     x_in = lik.image.astype(np.float64)
     total = post + model
     d = x - (x * x_in).sum() / (x_in * x_in).sum() * x_in
     err = x - truth.astype(np.float64)
-    return {"id": row["id"], "err": err, "edges": edge_mask(torch.as_tensor(truth)).numpy(),
+    return {"id": row["id"], "truth": truth, "x_hat": x_hat, "err": err,
             "post": post, "model": model, "edge2": edge2,
             "k_star": float(np.mean(err ** 2 / total)), "heldout_scale": c,
             "heldout_posterior": a, "fit_difference": float(np.mean(d ** 2 / total))}
@@ -123,7 +103,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"no arrays of {args.partial} in {args.arrays}")
 
     def scored(variances):
-        return summary([scores(v, c["err"], c["edges"]) for c, v in zip(cases, variances)])
+        return summarise([score_variance(c["truth"], c["x_hat"], v)
+                          for c, v in zip(cases, variances)])
 
     total = [c["post"] + c["model"] for c in cases]
     candidates = {
@@ -136,8 +117,9 @@ def main(argv=None) -> int:
     for p in (float(s) for s in args.powers.split(",")):
         def nll(log_ks, p=p):
             k, s1 = np.exp(log_ks)
-            return -sum(scores(k * (_power(c, p) + s1 ** 2 * c["edge2"]), c["err"], c["edges"])
-                        ["pixel_log_likelihood"] for c in cases)
+            var = [k * (_power(c, p) + s1 ** 2 * c["edge2"]) for c in cases]
+            return sum(np.mean(0.5 * np.log(2 * np.pi * v) + 0.5 * c["err"] ** 2 / v)
+                       for c, v in zip(cases, var))
         k, s1 = np.exp(minimize(nll, [0.0, math.log(0.2)], method="Nelder-Mead").x)
         shaped = [_power(c, p) + s1 ** 2 * c["edge2"] for c in cases]
         candidates[f"posterior_power {p:g}"] = {"k": k, "s1": s1, **scored([k * v for v in shaped])}

@@ -134,7 +134,6 @@ def test_unnormalized_variant_fits_the_data_as_simulated(bench):
     assert s == {"28": {}}  # no TV row for the case: nothing is compared
 
 
-
 def test_architecture_variant_fits_the_changed_network_and_records_the_change(bench, monkeypatch):
     import json
 
