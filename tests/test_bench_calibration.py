@@ -254,6 +254,12 @@ def test_variant_settings_reach_the_reconstruction_config():
     assert name == "_plain"
     assert settings == {"noise_model": "gaussian", "dip": {"iterations": 500},
                         "uncertainty": {"predcp": True}}
+    # a list or inline table is one value: its commas do not split the pairs
+    _, settings = bench_calibration.parse_variant(
+        'net:dip.unet={scales = 4, channels = [16, 16, 16, 16]},dip.iterations=9,'
+        'name="a,b"')
+    assert settings == {"dip": {"unet": {"scales": 4, "channels": [16, 16, 16, 16]},
+                                "iterations": 9}, "name": "a,b"}
 
 
 def test_run_settings_reach_every_reconstruction_under_the_variants_own():

@@ -723,6 +723,45 @@ def test_anderson_mixed_point_whose_solves_stall_is_rejected(problem):
     assert outcome["unconverged"] == solver_outcome(plain.trace)["unconverged"]
 
 
+def test_a_step_whose_solves_stall_does_not_lower_the_learned_noise(problem):
+    """The mode's residual of an unconverged solve understates the misfit, and MacKay's
+    noise update then collapses σ²: such a step may raise a learned noise variance (a σ²
+    too small is what stalls the solves), never lower it; the prior variances are still
+    updated, and converged steps update σ² as before."""
+    lin, op, y, s2 = problem.lin, problem.op, problem.y, problem.sigma**2
+
+    class Stalling(CGSampler):
+        stall_at, calls = None, 0
+
+        def sample(self, *args, **kwargs):
+            out = super().sample(*args, **kwargs)
+            if self.calls == self.stall_at:
+                out.info["converged"] = False
+            self.calls += 1
+            return out
+
+    def run(start, stall_at=None):
+        sampler = Stalling(CGOptions(precond_rank=100, tol=1e-4))
+        sampler.stall_at = stall_at
+        em = EMOptions(n_samples=8, em_steps=4, em_tol=0.0, learn_noise=True)
+        return fit_posterior(lin, op, y, start, prior="gprior", em=em, sampler=sampler)
+
+    # from a σ² 100× too large the EM lowers it: a stalled step may not
+    plain, stalled = run(s2 * 100), run(s2 * 100, stall_at=1)
+    assert not any(t.get("noise_held") for t in plain.trace)
+    assert plain.trace[2]["sigma2"] < 0.9 * plain.trace[1]["sigma2"]
+    assert stalled.trace[1]["noise_held"] and not stalled.trace[1]["solver_converged"]
+    assert stalled.trace[2]["sigma2"] == stalled.trace[1]["sigma2"]  # kept
+    assert stalled.trace[2]["a_b"] != pytest.approx(stalled.trace[1]["a_b"], rel=1e-6)
+    assert stalled.trace[1]["sigma2"] == pytest.approx(plain.trace[1]["sigma2"], rel=1e-9)
+    assert stalled.trace[3]["sigma2"] < stalled.trace[2]["sigma2"]  # converged again
+    # from a σ² 100× too small it raises it, stalled or not
+    low, low_stalled = run(s2 / 100), run(s2 / 100, stall_at=1)
+    assert low_stalled.trace[2]["sigma2"] == pytest.approx(low.trace[2]["sigma2"], rel=1e-9)
+    assert low_stalled.trace[2]["sigma2"] > low_stalled.trace[1]["sigma2"]
+    assert not any(t.get("noise_held") for t in low_stalled.trace)
+
+
 @pytest.mark.parametrize("noise_div", [1, 25])
 def test_the_cg_samples_data_residual_is_nearer_the_exact_one(problem, noise_div):
     """``ỹ − Φθ*`` at the E-step: the CG sampler's ``σ² v`` (``v`` its solve of

@@ -173,11 +173,32 @@ def repo_relative(path, root=None) -> str:
     return str(p.relative_to(root)) if p.is_relative_to(root) else str(path)
 
 
+def _top_level_split(text: str) -> list[str]:
+    """``text`` split at the commas that are outside ``[]``/``{}`` and quotes."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
     """A ``--variant`` of the script: ``NAME:key=value,...`` → ``("_NAME", settings)``.
 
-    Values are read as TOML scalars (``1e4``, ``true``, ``"x"``; a bare word
-    stays a string); dotted keys name tables (``dip.iterations=500``).
+    Values are read as TOML values (``1e4``, ``true``, ``"x"``, ``[16, 16]``; a
+    bare word stays a string); dotted keys name tables (``dip.iterations=500``).
+    Pairs are split at the commas outside brackets and quotes, so a list is one
+    value (``dip.unet={scales=4, channels=[16, 16, 16, 16]}``).
     """
     try:
         import tomllib
@@ -186,7 +207,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
     name, _, pairs = text.partition(":")
     settings: dict = {}
-    for pair in filter(None, pairs.split(",")):
+    for pair in filter(None, _top_level_split(pairs)):
         key, _, value = pair.partition("=")
         *tables, leaf = key.strip().split(".")
         node = settings
