@@ -678,6 +678,18 @@ def test_anderson_em_reaches_the_plain_fixed_point_in_fewer_e_steps(problem):
     assert hf["a_b"][0] == pytest.approx(hp["a_b"][0], rel=0.05)
 
 
+class _Stalling(CGSampler):
+    """A CG sampler whose call number ``stall_at`` reports its solves unconverged."""
+    stall_at, calls = None, 0
+
+    def sample(self, *args, **kwargs):
+        out = super().sample(*args, **kwargs)
+        if self.calls == self.stall_at:
+            out.info["converged"] = False
+        self.calls += 1
+        return out
+
+
 def test_anderson_mixed_point_whose_solves_stall_is_rejected(problem):
     """The guard of ``acceleration='anderson'``: when the E-step at a mixed point ends with
     its solves above tolerance (on a 128² validation scan at I0 1e5 they did, and the EM
@@ -688,18 +700,8 @@ def test_anderson_mixed_point_whose_solves_stall_is_rejected(problem):
 
     lin, op, y, s2 = problem.lin, problem.op, problem.y, problem.sigma**2
 
-    class Stalling(CGSampler):
-        stall_at, calls = None, 0
-
-        def sample(self, *args, **kwargs):
-            out = super().sample(*args, **kwargs)
-            if self.calls == self.stall_at:
-                out.info["converged"] = False
-            self.calls += 1
-            return out
-
     def run(acc, stall_at=None, steps=40):
-        sampler = Stalling(CGOptions(precond_rank=100, tol=1e-4))
+        sampler = _Stalling(CGOptions(precond_rank=100, tol=1e-4))
         sampler.stall_at = stall_at
         em = EMOptions(n_samples=16, em_steps=steps, em_tol=1e-3, learn_noise=True,
                        acceleration=acc)
@@ -730,18 +732,8 @@ def test_a_step_whose_solves_stall_does_not_lower_the_learned_noise(problem):
     updated, and converged steps update σ² as before."""
     lin, op, y, s2 = problem.lin, problem.op, problem.y, problem.sigma**2
 
-    class Stalling(CGSampler):
-        stall_at, calls = None, 0
-
-        def sample(self, *args, **kwargs):
-            out = super().sample(*args, **kwargs)
-            if self.calls == self.stall_at:
-                out.info["converged"] = False
-            self.calls += 1
-            return out
-
     def run(start, stall_at=None):
-        sampler = Stalling(CGOptions(precond_rank=100, tol=1e-4))
+        sampler = _Stalling(CGOptions(precond_rank=100, tol=1e-4))
         sampler.stall_at = stall_at
         em = EMOptions(n_samples=8, em_steps=4, em_tol=0.0, learn_noise=True)
         return fit_posterior(lin, op, y, start, prior="gprior", em=em, sampler=sampler)
