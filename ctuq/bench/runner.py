@@ -207,7 +207,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
     name, _, pairs = text.partition(":")
     settings: dict = {}
-    for pair in filter(None, _top_level_split(pairs)):
+    for pair in _top_level_split(pairs):  # non-empty, stripped
         key, _, value = pair.partition("=")
         *tables, leaf = key.strip().split(".")
         node = settings
