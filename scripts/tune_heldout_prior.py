@@ -29,7 +29,10 @@ candidates of the rule too. ``--noise-rules residual`` adds each width, and each
 width floored by each threshold, with the held-out likelihood's noise variance
 scaled by the fit's excess (``'<width> residual'``, ``'<width> auto <T> residual'``:
 the setting ``heldout_noise = 'residual'``). ``--checked`` adds each width floored as
-``heldout_calibration_floor = 'checked'`` does (``'<width> checked'``). docs/defaults.md
+``heldout_calibration_floor = 'checked'`` does (``'<width> checked'``), and
+``--texture-thresholds T,…`` each width checked with a negligible coefficient fitted
+on images whose edge concentration is below ``T`` (``'<width> checked texture <T>'``:
+``heldout_texture_threshold``). docs/defaults.md
 tells why the third condition is
 there (the validation images come from the calibration's own families).
 
@@ -74,6 +77,10 @@ def main(argv=None):
     ap.add_argument("--checked", action="store_true",
                     help="also each width floored as heldout_calibration_floor = 'checked' "
                          "does ('<width> checked'), candidates of the rule")
+    ap.add_argument("--texture-thresholds", default="",
+                    help="comma-separated T: also each width floored as 'checked' does, with "
+                         "a negligible coefficient fitted on images of edge concentration "
+                         "below T ('<width> checked texture <T>', heldout_texture_threshold)")
     ap.add_argument("--split", default="validation",
                     help="the split the rows come from, recorded (a test split's refit reports "
                          "the chosen setting; it chooses nothing)")
@@ -92,6 +99,8 @@ def main(argv=None):
                              excess_thresholds=[float(t) for t in
                                                 args.excess_thresholds.split(",") if t],
                              noise_rules=[r for r in args.noise_rules.split(",") if r],
+                             texture_thresholds=[float(t) for t in
+                                                 args.texture_thresholds.split(",") if t],
                              suffix=f"_{args.variant}" if args.variant else "")
     dump_json({**tuned, "split": args.split})
 

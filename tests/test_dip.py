@@ -194,7 +194,7 @@ def test_defaults_per_size():
     assert big.preset == "dip-128" and big.unet_config().scales == 5
     assert DIPConfig.preset_defaults("dip-64", iterations=7).iterations == 7
     d = DIPConfig.for_image_size(64).to_dict()
-    assert d["unet"]["channels"] == [32, 32, 32, 32]
+    assert d["unet"]["channels"] == [16, 16, 16, 16]  # docs/dip.md §11
     assert DIPConfig.from_dict(d).unet_config() == DIPConfig.for_image_size(64).unet_config()
     with pytest.raises(InputError, match="unknown"):
         DIPConfig.from_dict({"iterations": 3, "learning_rate": 1e-3})

@@ -171,7 +171,7 @@ def test_heldout_prior_fades_where_the_projections_see_the_model_error():
         c = lik.fit(prior, prior_width=1.0)
         assert c.info["prior"] == {"t0": prior.t0, "s1": prior.s1, "width": 1.0,
                                    "floor": False, "floor_rejection_nats": None,
-                                   "floor_rejected": False}
+                                   "floor_rejected": False, "negligible_fitted": False}
         assert c.info["mle"]["t0"] == pytest.approx(lik.fit().t0)
         estimates.append((c.t0, c.s1))
     t0_hat, s1_hat = np.mean(estimates, 0)
@@ -223,6 +223,42 @@ def test_calibration_floor_holds_a_negligible_coefficient_at_zero_and_bounds_the
     assert c.t0 == both.t0 and c.s1 == pytest.approx(max(plain.s1, both.s1))
     # no calibration, no bound: the maximum likelihood
     assert (lik.fit(None, floor=True).t0, lik.fit(None, floor=True).s1) == (mle.t0, mle.s1)
+
+
+def test_fit_negligible_fits_the_coefficient_the_floor_holds_at_zero():
+    # informative held-out data (true t0 = 3, s1 = 0.25); a calibration without t0
+    lik = next(_heldout_likelihoods(1e-3, 1))
+    low = me.ModelErrorCoefficients(0.0, HELDOUT_S1 / 10, "calibrated")
+    held = lik.fit(low, prior_width=20.0, floor=True)
+    freed = lik.fit(low, prior_width=20.0, floor=True, fit_negligible=True)
+    assert held.t0 == 0.0 and freed.t0 > 1.0
+    assert freed.info["prior"]["negligible_fitted"] and not held.info["prior"]["negligible_fitted"]
+    # the floor below the data does not bind: the unfloored fit, t0 and all
+    plain = lik.fit(low, prior_width=20.0)
+    assert (freed.t0, freed.s1) == pytest.approx((plain.t0, plain.s1), rel=1e-4)
+    # a floor above the data still binds s1
+    high = me.ModelErrorCoefficients(0.0, 3 * HELDOUT_S1, "calibrated")
+    c = lik.fit(high, prior_width=0.1, floor=True, fit_negligible=True)
+    assert c.t0 > 0.0 and c.s1 == high.s1
+    # without the floor the flag changes nothing (t0 is fitted anyway)
+    assert lik.fit(low, prior_width=20.0, fit_negligible=True).t0 == plain.t0
+
+
+def test_edge_concentration_tells_edges_from_texture():
+    from ctuq.recon.model_error.terms import EDGE_SHARE, edge_concentration
+
+    yy, xx = np.mgrid[:64, :64]
+    blocks = ((abs(xx - 30) < 12) & (abs(yy - 34) < 9)).astype(float) + 0.5 * (xx > 50)
+    texture = np.random.default_rng(0).normal(size=(64, 64))
+    assert edge_concentration(blocks) > 0.9  # all of the gradient on the edges
+    assert edge_concentration(texture) < 0.35  # spread over every pixel
+    # a uniform gradient: the strongest tenth carries a tenth
+    assert edge_concentration(xx.astype(float)) == pytest.approx(EDGE_SHARE, rel=0.02)
+    # scale and offset do not matter; a constant image has no texture
+    assert edge_concentration(1e-6 * texture + 3.0) == pytest.approx(
+        edge_concentration(texture), rel=1e-9)
+    assert edge_concentration(np.full((8, 8), 2.0)) == 1.0
+    assert edge_concentration(texture, share=1.0) == pytest.approx(1.0)
 
 
 def test_heldout_likelihood_round_trips_through_its_arrays(tmp_path):

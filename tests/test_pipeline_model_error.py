@@ -13,8 +13,8 @@ import ctuq
 from ctuq.errors import InputError
 from ctuq.recon.config import UncertaintyConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
-from ctuq.recon.model_error.terms import (FLOOR_EXCESS, FLOOR_REJECT_NATS, floor_applies,
-                                         floor_rejection, heldout_noise_scale)
+from ctuq.recon.model_error.terms import (FLOOR_EXCESS, FLOOR_REJECT_NATS, edge_concentration,
+                                         floor_applies, floor_rejection, heldout_noise_scale)
 
 from conftest import digit_sinogram
 
@@ -151,7 +151,8 @@ def test_heldout_with_a_calibration_records_its_prior_and_the_likelihood_optimum
     assert prior.pop("fit_excess") > 0
     assert prior.pop("floor_rejection_nats") >= 0.0  # measured; 'on' never drops the floor
     assert prior == {"t0": 2.0, "s1": 0.3, "width": 0.5, "floor": True, "from": str(path),
-                     "floor_rule": "on", "floor_rejected": False}
+                     "floor_rule": "on", "floor_rejected": False, "negligible_fitted": False,
+                     "edge_concentration": None, "texture_threshold": 0.0}
     assert set(info["mle"]) == {"t0", "s1"}
     var_post = r.posterior_std.astype(np.float64) ** 2
     me = r.config["model_error"]
@@ -227,6 +228,40 @@ def test_floor_rule_choices_and_their_decisions():
         assert floor_applies("checked", excess) == floor_applies("auto", excess)
     assert floor_rejection("checked") == FLOOR_REJECT_NATS
     assert all(floor_rejection(c) == math.inf for c in ("auto", "on", "off"))
+
+
+def test_texture_threshold_frees_the_negligible_coefficient_of_a_textured_image(scan, tmp_path):
+    """``heldout_texture_threshold``: with the floor on and a calibration without ``t0``,
+    ``t0`` is held at zero unless the image shown is textured (its edge concentration,
+    recorded, below the threshold); then it is fitted as the unfloored fit fits it."""
+    path = str(ModelErrorCoefficients(0.0, 0.002, "calibrated").save(tmp_path / "c.json"))
+
+    def run(floor, threshold):
+        return ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4,
+                                              model_error_file=path, heldout_prior_width=0.5,
+                                              heldout_calibration_floor=floor,
+                                              heldout_texture_threshold=threshold))
+
+    runs = {t: run("on", t) for t in (0.0, 0.999)}
+    held, freed = (runs[t].config["model_error"] for t in (0.0, 0.999))
+    off = run("off", 0.0).config["model_error"]
+    assert off["t0"] > 0.0  # these held-out projections want a constant pixel error
+    assert held["t0"] == 0.0 and held["info"]["prior"]["edge_concentration"] is None
+    prior = freed["info"]["prior"]
+    # the image shown is what was measured; a digit's edges are not all of its gradient
+    assert prior["edge_concentration"] == pytest.approx(
+        edge_concentration(runs[0.999].reconstruction), rel=1e-6)
+    assert prior["edge_concentration"] < 0.999 and prior["texture_threshold"] == 0.999
+    assert prior["negligible_fitted"] and not held["info"]["prior"]["negligible_fitted"]
+    # t0 fitted as without the floor; s1 still bounded below by the calibration
+    assert (freed["t0"], freed["s1"]) == pytest.approx((off["t0"], max(off["s1"], 0.002)),
+                                                       rel=1e-6)
+    # the presets: dip-64 (the 16-channel network's narrow calibration) only
+    cfg = ctuq.ReconstructionConfig()
+    assert cfg.resolve((64, 64))[1].heldout_texture_threshold == 0.35
+    assert cfg.resolve((128, 128))[1].heldout_texture_threshold == 0.0
+    with pytest.raises(InputError, match="heldout_texture_threshold"):
+        UncertaintyConfig(heldout_texture_threshold=1.5)
 
 
 def test_held_out_noise_rule_choices_and_their_scales():

@@ -166,7 +166,7 @@ def row_fit_excess(row: dict, x_hat, record: dict | None = None, suffix: str = "
 def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
                      floor: bool = False, calibration_floor: bool = False,
                      excess_thresholds=(), noise_rules=(), checked: bool = False,
-                     suffix: str = "") -> dict:
+                     texture_thresholds=(), suffix: str = "") -> dict:
     """Score every width of the held-out fit's prior on stored scans.
 
     Parameters
@@ -209,6 +209,12 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         projections reject the floor by more than
         :data:`~ctuq.recon.model_error.terms.FLOOR_REJECT_NATS`); candidates of the rule
         too. Default False.
+    texture_thresholds : sequence of float
+        Also each width floored as ``'checked'`` does, with a coefficient the
+        calibration found negligible fitted on images whose edge concentration
+        (:func:`~ctuq.recon.model_error.terms.edge_concentration` of the kept ``x_hat``)
+        is below ``T`` (``'<width> checked texture <T>'``: the setting
+        ``heldout_texture_threshold = T``); candidates of the rule too. Default none.
     suffix : str
         The run's variant to tune (``--variant NAME:...`` of ``bench_calibration.py``
         is ``'_NAME'``). Default ``''``: the default reconstruction.
@@ -220,8 +226,8 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         candidate), ``cases``, ``seconds``.
     """
     from ctuq.recon.model_error import ModelErrorCoefficients
-    from ctuq.recon.model_error.terms import (floor_applies, floor_rejection,
-                                              heldout_noise_scale)
+    from ctuq.recon.model_error.terms import (edge_concentration, floor_applies,
+                                              floor_rejection, heldout_noise_scale, textured)
 
     t_start = time.perf_counter()
     prior = ModelErrorCoefficients.load(calibration)
@@ -235,7 +241,7 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         lik, truth, x_hat, var_post = kept
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         record = row_fit_record(r, x_hat) if noise_rules else None  # the verdict too
-        if excess_thresholds or noise_rules or checked:
+        if excess_thresholds or noise_rules or checked or texture_thresholds:
             row["fit_excess"] = row_fit_excess(r, x_hat, record, suffix)
         if record is not None:
             row["verdict"] = record["verdict"]
@@ -253,6 +259,13 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
             candidates.update({f"{w} checked": lik.fit(
                 prior, w, mle=mle, floor=floor_applies("checked", row["fit_excess"]),
                 floor_reject=floor_rejection("checked")) for w in finite})
+        if texture_thresholds:
+            row["edge_concentration"] = edges = edge_concentration(x_hat.numpy())
+        for t in texture_thresholds:
+            candidates.update({f"{w} checked texture {t:g}": lik.fit(
+                prior, w, mle=mle, floor=floor_applies("checked", row["fit_excess"]),
+                floor_reject=floor_rejection("checked"), fit_negligible=textured(edges, t))
+                for w in finite})
         for rule in noise_rules:
             scaled = dataclasses.replace(lik, noise_scale=heldout_noise_scale(
                 rule, {"chi2_dof": row["fit_excess"], "verdict": row["verdict"]}))
@@ -273,6 +286,7 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
     ruled = [str(w) for w in widths] + [f"{w} floor" for w in finite if calibration_floor] \
         + [f"{w} auto {t:g}" for t in excess_thresholds for w in finite] \
         + [f"{w} checked" for w in finite if checked] \
+        + [f"{w} checked texture {t:g}" for t in texture_thresholds for w in finite] \
         + [f"{w} {rule}" for rule in noise_rules for w in finite] \
         + [f"{w} auto {t:g} {rule}" for rule in noise_rules for t in excess_thresholds
            for w in finite]

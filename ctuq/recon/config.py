@@ -182,6 +182,15 @@ class UncertaintyConfig:
         Default ``'auto'`` (chosen on the validation split: better than
         either on both the realistic and the standard scans); ``dip-64``:
         ``'checked'`` (docs/defaults.md).
+    heldout_texture_threshold : float
+        Held-out term, with the calibration as a floor: on an image whose
+        :func:`~ctuq.recon.model_error.terms.edge_concentration` is below this
+        (texture: its gradient spread over every pixel, not carried by a few
+        edges), a coefficient the calibration found negligible is fitted rather
+        than held at zero: the fit's error on a texture is everywhere, a
+        constant pixel error ``t0``, not only at the edges ``s1`` scales. 0:
+        never. Default 0; ``dip-64``: 0.35 (chosen on the validation split,
+        docs/defaults.md).
     heldout_noise : str
         Held-out term: the noise variance the held-out residuals are read with.
         ``'given'``: the run's ``σ²``. ``'residual'``: ``σ²`` times the fit's
@@ -247,6 +256,10 @@ class UncertaintyConfig:
         doc="Held-out term: when the calibration is a lower bound: auto (the fit leaves "
             "more than the noise in the data), checked (auto, unless the held-out "
             "projections reject it), on, off.")
+    heldout_texture_threshold: float = setting(
+        0.0, kind=float, minimum=0, maximum=1.0,
+        doc="Held-out term: below this edge concentration of the image (texture) a "
+            "coefficient the calibration found negligible is fitted; 0: never.")
     heldout_noise: str = setting(
         "residual", kind=str, choices=HELDOUT_NOISE_CHOICES,
         doc="Held-out term: noise variance of the held-out residuals: given (the run's), "
@@ -273,7 +286,8 @@ class UncertaintyConfig:
                  dip_from_heldout: float = 0.0,
                  heldout_correlation_length: float = 0.0,
                  heldout_calibration_floor: str | bool = "auto",
-                 heldout_noise: str = "residual", **given):
+                 heldout_noise: str = "residual", heldout_texture_threshold: float = 0.0,
+                 **given):
         for name, value in (("method", method), ("predictive_samples", predictive_samples),
                             ("stored_samples", stored_samples), ("model_error", model_error),
                             ("heldout_every", heldout_every), ("heldout_min_out", heldout_min_out),
@@ -284,7 +298,8 @@ class UncertaintyConfig:
                             ("heldout_correlation_length", heldout_correlation_length),
                             ("heldout_calibration_floor",
                              _floor_choice(heldout_calibration_floor)),
-                            ("heldout_noise", heldout_noise)):
+                            ("heldout_noise", heldout_noise),
+                            ("heldout_texture_threshold", heldout_texture_threshold)):
             object.__setattr__(self, name, value)
         validate(self, prefix="uncertainty")
         object.__setattr__(self, "tables", _build_tables(tables or {}, given))

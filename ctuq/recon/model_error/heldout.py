@@ -337,7 +337,8 @@ class HeldoutLikelihood:
 
     def fit(self, prior: "ModelErrorCoefficients | None" = None, prior_width: float = 1.0, *,
             mle: "ModelErrorCoefficients | None" = None,
-            floor: bool = False, floor_reject: float = math.inf) -> "ModelErrorCoefficients":
+            floor: bool = False, floor_reject: float = math.inf,
+            fit_negligible: bool = False) -> "ModelErrorCoefficients":
         """Maximum likelihood, or maximum a posteriori under a log-normal prior.
 
         Parameters
@@ -370,6 +371,12 @@ class HeldoutLikelihood:
             piecewise-constant images the calibration's ``s1`` predicts several
             times the held-out residual they show; docs/defaults.md). Default
             ``inf``: never dropped.
+        fit_negligible : bool, optional
+            With ``floor``: a coefficient the calibration found negligible is
+            fitted (by maximum likelihood: it has no prior) instead of held at
+            zero; the others are floored as before. For an image whose error is
+            not where its edges are (texture: ``heldout_texture_threshold``,
+            :func:`~ctuq.recon.model_error.terms.edge_concentration`). Default False.
 
         Returns
         -------
@@ -399,7 +406,8 @@ class HeldoutLikelihood:
             return total, grad
 
         # with the floor, a coefficient the calibration found negligible is held at zero
-        held = [floor and centre is not None and c is None for c in (centre or [None, None])]
+        held = [floor and not fit_negligible and centre is not None and c is None
+                for c in (centre or [None, None])]
 
         def search(with_prior: bool, held=(False, False)):
             # exact gradients (a Cholesky and its inverse per evaluation): L-BFGS-B needs
@@ -431,7 +439,8 @@ class HeldoutLikelihood:
                                "floor": bool(floor),
                                "floor_rejection_nats": rejection if rejection is not None
                                and math.isfinite(rejection) else None,  # JSON: no inf
-                               "floor_rejected": bool(rejected)},
+                               "floor_rejected": bool(rejected),
+                               "negligible_fitted": bool(floor and fit_negligible)},
                         mle={"t0": t0_ml, "s1": s1_ml})
         return ModelErrorCoefficients(t0, s1, HELDOUT, info=info)
 
@@ -597,7 +606,8 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
                 max_rows: int = 2048, seed: int = 0, prior: ModelErrorCoefficients | None = None,
                 prior_width: float = 1.0, ray_variance=None, correlation_length: float = 0.0,
                 keep: list | None = None, floor: bool = False, floor_reject: float = math.inf,
-                noise_scale: float = 1.0) -> ModelErrorCoefficients:
+                noise_scale: float = 1.0, fit_negligible: bool = False
+                ) -> ModelErrorCoefficients:
     """Coefficients from the likelihood of held-out projections (the held-out term).
 
     :func:`heldout_likelihood` followed by :meth:`HeldoutLikelihood.fit`:
@@ -623,6 +633,9 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
     floor_reject : float, optional
         Nats by which the held-out projections must reject the floor for it to be
         dropped (:meth:`HeldoutLikelihood.fit`). Default ``inf`` (never).
+    fit_negligible : bool, optional
+        With ``floor``, a coefficient the calibration found negligible is fitted,
+        not held at zero (:meth:`HeldoutLikelihood.fit`). Default False.
     noise_scale
         As :func:`heldout_likelihood`.
     keep : list, optional
@@ -640,5 +653,6 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
                              correlation_length=correlation_length, noise_scale=noise_scale)
     if keep is not None:
         keep.append(lik)
-    return lik.fit(prior, prior_width, floor=floor, floor_reject=floor_reject)
+    return lik.fit(prior, prior_width, floor=floor, floor_reject=floor_reject,
+                   fit_negligible=fit_negligible)
 
