@@ -244,6 +244,25 @@ def test_fit_negligible_fits_the_coefficient_the_floor_holds_at_zero():
     assert lik.fit(low, prior_width=20.0, fit_negligible=True).t0 == plain.t0
 
 
+def test_a_degenerate_heldout_likelihood_is_not_passed_off_as_a_fit(caplog):
+    """A noise variance near zero leaves the covariance singular (more held-out rows than
+    pixels): the search has no gradient and stops at its start. The fit says so, warns,
+    and falls back to the calibration (or to no model error), never to the start point."""
+    import dataclasses
+
+    lik = next(_heldout_likelihoods(1e-3, 1))
+    assert lik.fit().info["fit_ok"]
+    bad = dataclasses.replace(lik, noise_var=1e-20)
+    prior = me.ModelErrorCoefficients(0.5, 0.2, "calibrated")
+    with caplog.at_level("WARNING", logger="ctuq.recon.model_error.heldout"):
+        c = bad.fit(prior, prior_width=0.1, floor=True)
+    assert not c.info["fit_ok"] and "not positive definite" in caplog.text
+    assert (c.t0, c.s1) == (prior.t0, prior.s1)
+    assert c.info["nll_per_measurement"] is None  # no inf in a result file
+    none = bad.fit()
+    assert (none.t0, none.s1) == (0.0, 0.0) and not none.info["fit_ok"]
+
+
 def test_edge_concentration_tells_edges_from_texture():
     from ctuq.recon.model_error.terms import EDGE_SHARE, edge_concentration
 

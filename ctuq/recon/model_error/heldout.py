@@ -4,6 +4,7 @@ likelihood of the left-out projections as a function of ``(t0, s1)``."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 
@@ -15,6 +16,8 @@ from ctuq.recon.model_error.coefficients import (_INIT, _LOG_MIN, _NEGLIGIBLE, _
                                                  ModelErrorCoefficients)
 from ctuq.recon.model_error.edges import _img, edge_strength
 from ctuq.recon.model_error.names import HELDOUT
+
+log = logging.getLogger(__name__)
 
 __all__ = ["heldout_split", "heldout_fit", "kept_rows", "heldout_step_length",
            "HeldoutLikelihood", "heldout_likelihood", "fit_heldout", "correlated_rows"]
@@ -243,6 +246,11 @@ def correlated_rows(B, shape, length: float, batch: int = 256):
     return sp.vstack(parts).tocsr()
 
 
+def _finite(x: float) -> float | None:
+    """``x``, or None where it is not finite (a result file's JSON has no inf)."""
+    return x if math.isfinite(x) else None
+
+
 @dataclass(frozen=True)
 class HeldoutLikelihood:
     """The Gaussian likelihood of held-out projections as a function of ``(t0, s1)``.
@@ -419,8 +427,18 @@ class HeldoutLikelihood:
             return [float(math.sqrt(v)) if v > _VAR_MIN else 0.0 for v in best.x], best.x
 
         (t0, s1), v = search(centre is not None, held)
+        # a covariance that is not positive definite anywhere the search went (a noise
+        # variance near zero, rows far more than pixels) gives it no gradient: it stops
+        # where it started, which is no fit; the calibration (or no model error) instead
+        fit_ok = self._factor(np.maximum(v, _VAR_MIN)) is not None
+        if not fit_ok:
+            log.warning("held-out likelihood not positive definite (noise variance %.3g): "
+                        "the model error is %s, not fitted", self.noise_var * self.noise_scale,
+                        "the calibration's" if prior is not None else "zero")
+            t0, s1 = (prior.t0, prior.s1) if prior is not None else (0.0, 0.0)
+            v = [max(t0 * t0, _VAR_MIN), max(s1 * s1, _VAR_MIN)]
         rejection, rejected = None, False
-        if floor and centre is not None:  # the calibration as a lower bound ...
+        if floor and centre is not None and fit_ok:  # the calibration as a lower bound ...
             floored = [c if h else max(c, p)
                        for c, p, h in zip((t0, s1), (prior.t0, prior.s1), held)]
             v_floored = [max(c * c, _VAR_MIN) for c in floored]
@@ -430,9 +448,11 @@ class HeldoutLikelihood:
             if not rejected:
                 (t0, s1), v = floored, v_floored
         info = {"heldout_angles": int(self.heldout_angles), "measurements": int(m),
+                "fit_ok": bool(fit_ok),
                 "correlation_length": float(self.correlation_length),
-                "nll_per_measurement": self._nll_at_variances(v),
-                "nll_without_model_error": self._nll_at_variances([_VAR_MIN, _VAR_MIN])}
+                "nll_per_measurement": _finite(self._nll_at_variances(v)),
+                "nll_without_model_error": _finite(self._nll_at_variances([_VAR_MIN,
+                                                                           _VAR_MIN]))}
         if centre is not None:
             t0_ml, s1_ml = search(False)[0] if mle is None else (mle.t0, mle.s1)
             info.update(prior={"t0": prior.t0, "s1": prior.s1, "width": float(prior_width),
