@@ -430,20 +430,21 @@ class HeldoutLikelihood:
         # a covariance that is not positive definite anywhere the search went (a noise
         # variance near zero, rows far more than pixels) gives it no gradient: it stops
         # where it started, which is no fit; the calibration (or no model error) instead
-        fit_ok = self._factor(np.maximum(v, _VAR_MIN)) is not None
+        nll = self._nll_at_variances(v)  # inf where not positive definite
+        fit_ok = math.isfinite(nll)
         if not fit_ok:
             log.warning("held-out likelihood not positive definite (noise variance %.3g): "
                         "the model error is %s, not fitted", self.noise_var * self.noise_scale,
                         "the calibration's" if prior is not None else "zero")
             t0, s1 = (prior.t0, prior.s1) if prior is not None else (0.0, 0.0)
-            v = [max(t0 * t0, _VAR_MIN), max(s1 * s1, _VAR_MIN)]
+            v = [max(c * c, _VAR_MIN) for c in (t0, s1)]
         rejection, rejected = None, False
         if floor and centre is not None and fit_ok:  # the calibration as a lower bound ...
             floored = [c if h else max(c, p)
                        for c, p, h in zip((t0, s1), (prior.t0, prior.s1), held)]
             v_floored = [max(c * c, _VAR_MIN) for c in floored]
             # ... unless the held-out projections reject it (nats, summed over them)
-            rejection = m * (self._nll_at_variances(v_floored) - self._nll_at_variances(v))
+            rejection = m * (self._nll_at_variances(v_floored) - nll)
             rejected = rejection > floor_reject
             if not rejected:
                 (t0, s1), v = floored, v_floored
@@ -457,8 +458,8 @@ class HeldoutLikelihood:
             t0_ml, s1_ml = search(False)[0] if mle is None else (mle.t0, mle.s1)
             info.update(prior={"t0": prior.t0, "s1": prior.s1, "width": float(prior_width),
                                "floor": bool(floor),
-                               "floor_rejection_nats": rejection if rejection is not None
-                               and math.isfinite(rejection) else None,  # JSON: no inf
+                               "floor_rejection_nats": None if rejection is None
+                               else _finite(rejection),
                                "floor_rejected": bool(rejected),
                                "negligible_fitted": bool(floor and fit_negligible)},
                         mle={"t0": t0_ml, "s1": s1_ml})
