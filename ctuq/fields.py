@@ -186,11 +186,15 @@ def check_value(value, spec: Spec, name: str):
     InputError
         Naming ``name``.
     """
+    kind = spec.kind
+    # TOML has no null: a number, list or flag that may be unset is unset by "none"
+    if (spec.optional and kind is not str and isinstance(value, str)
+            and value.strip().lower() == "none"):
+        value = None
     if value is None:
         if spec.optional:
             return None
         raise InputError("must be given (None is not allowed)", field=name)
-    kind = spec.kind
     if kind is bool:
         if not isinstance(value, (bool, np.bool_)):
             raise InputError(f"must be true or false, got {_show(value)}", field=name)

@@ -40,6 +40,22 @@ def test_toml_round_trip_and_merge(tmp_path):
     assert ReconstructionConfig.from_dict(cfg.to_dict()) == cfg
 
 
+def test_none_unsets_an_optional_number_in_a_toml_file(tmp_path):
+    # TOML has no null: "none" is how a file turns off a setting whose default is a number
+    path = tmp_path / "c.toml"
+    path.write_text('[uncertainty.laplace]\npreconditioner_max_ratio = "none"\n'
+                    'preconditioner_max_rank = 800\n')
+    _, unc = ReconstructionConfig.from_toml(path).resolve((64, 64))
+    assert unc.laplace.preconditioner_max_ratio is None
+    assert unc.laplace.preconditioner_max_rank == 800
+    # a setting that must be given stays required, and a misspelling is not "none"
+    for bad in ('n_samples = "none"', 'preconditioner_max_ratio = "nine"'):
+        path.write_text(f"[uncertainty.laplace]\n{bad}\n")
+        with pytest.raises(InputError) as info:
+            ReconstructionConfig.from_toml(path).resolve((64, 64))
+        assert bad.split(" =")[0] in str(info.value) and str(path) in str(info.value)
+
+
 @pytest.mark.parametrize("text, field", [
     ('preset = "huge"', "preset"),
     ('colour = 1', "colour"),
