@@ -176,3 +176,29 @@ def test_calibrates_the_shared_fit_when_the_dip_continues_from_the_heldout_fit(m
     # the plain fit's settings are calibrated without a model-error term, as before
     c = cal.calibrate(28, config.merged({"uncertainty": {"dip_from_heldout": 0.0}}), scans=scans)
     assert c.info["uncertainty"]["model_error"] == "none"
+
+
+def test_default_families_are_those_of_the_shipped_calibration(monkeypatch, tmp_path):
+    """Without --families a calibration remakes the shipped file's set of families (dip-64's
+    has the photo crops, dip-128's not); a preset that ships none gets the four
+    piecewise-constant ones; a file naming an unknown family is not trusted."""
+    import json
+
+    from ctuq.recon import calibrate as cal
+    from ctuq.recon.model_error import coefficients as coef
+
+    for size in (64, 128):
+        shipped = coef.shipped_coefficients(f"dip-{size}")
+        assert cal.default_families(size) == tuple(shipped.info["families"])
+    assert "photos" in cal.default_families(64) and "photos" not in cal.default_families(128)
+    assert coef.shipped_coefficients("reference-28") is None
+    assert cal.default_families(28) == cal.CALIBRATION_FAMILIES
+    # the scans follow the same default
+    assert {c.family for c, *_ in cal.calibration_scans(
+        12, families=None, n_per_family=1, angles=(8,), noise_levels=(0.05,))} \
+        == set(cal.default_families(12))
+    src = json.loads((coef.DEFAULTS_DIR / "dip-64.json").read_text())
+    src["info"]["families"] = ["ellipses", "moons"]
+    (tmp_path / "dip-64.json").write_text(json.dumps(src))
+    monkeypatch.setattr(coef, "DEFAULTS_DIR", tmp_path)
+    assert cal.default_families(64) == cal.CALIBRATION_FAMILIES

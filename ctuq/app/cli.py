@@ -262,8 +262,9 @@ def _number_list(text: str, kind, option: str) -> list:
 def calibrate(out: Path = typer.Option(..., "--out", help="Coefficients file to write (JSON)."),
               size: int = typer.Option(64, help="Image side in pixels (picks the preset)."),
               families: str = typer.Option(
-                  None, help="Phantom families of the tuning split, comma-separated (default "
-                  "ellipses,shepp-variant,rectangles,digits; 'photos' is its textured family)."),
+                  None, help="Phantom families of the tuning split, comma-separated (default: "
+                  "those of the calibration shipped for the size's preset; 'photos' is the "
+                  "textured family)."),
               n: int = typer.Option(2, "--n", help="Images per family and condition."),
               angles: str = typer.Option("30,60", help="Numbers of angles, comma-separated."),
               noise: str = typer.Option("0.01,0.05", help="Noise levels, comma-separated."),
@@ -278,12 +279,12 @@ def calibrate(out: Path = typer.Option(..., "--out", help="Coefficients file to 
     42 min on one thread of a 2-core CPU.
     """
     from ctuq.data.io import check_output_path
-    from ctuq.recon.calibrate import CALIBRATION_FAMILIES
     from ctuq.recon.calibrate import calibrate as run_calibration
+    from ctuq.recon.calibrate import default_families
 
     cfg = _build_config(config)
-    fams = [f.strip() for f in (families or ",".join(CALIBRATION_FAMILIES)).split(",")
-            if f.strip()]
+    fams = ([f.strip() for f in families.split(",") if f.strip()] if families
+            else list(default_families(size, cfg)))
     n_angles = _number_list(angles, int, "--angles")
     levels = _number_list(noise, float, "--noise")
     if not 4 <= size <= 4096:

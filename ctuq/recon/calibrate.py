@@ -34,13 +34,29 @@ from ctuq.progress import check_cancel, emit_progress
 from ctuq.recon.config import ReconstructionConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, conformal_scale, fit_to_truth
 
-__all__ = ["CALIBRATION_FAMILIES", "calibrate", "calibration_scans", "fit_calibration"]
+__all__ = ["CALIBRATION_FAMILIES", "calibrate", "calibration_scans", "default_families",
+           "fit_calibration"]
 
 log = logging.getLogger(__name__)
 
-#: The families a calibration uses by default: those of the shipped calibrations. The
-#: tuning split's textured family (``'photos'``) is there to be named.
+#: The families of a calibration for a preset that ships none (:func:`default_families`).
+#: The tuning split's textured family (``'photos'``) is there to be named.
 CALIBRATION_FAMILIES = ("ellipses", "shepp-variant", "rectangles", "digits")
+
+
+def default_families(size: int, config: ReconstructionConfig | None = None) -> tuple[str, ...]:
+    """The families a calibration at ``size``² uses when none are named.
+
+    Those of the calibration ctuq ships for the size's preset (``dip-64``'s has the
+    photo crops, ``dip-128``'s not), so that a rerun with the defaults remakes the
+    shipped file; :data:`CALIBRATION_FAMILIES` for a preset that ships none.
+    """
+    from ctuq.recon.model_error import shipped_coefficients
+
+    preset = (config or ReconstructionConfig()).preset_for((size, size))
+    shipped = shipped_coefficients(preset)
+    named = tuple((shipped.info.get("families") or ()) if shipped is not None else ())
+    return named if named and set(named) <= set(FAMILIES["tuning"]) else CALIBRATION_FAMILIES
 
 
 def calibration_scans(size: int, *, families: Sequence[str] | None = None,
@@ -56,7 +72,7 @@ def calibration_scans(size: int, *, families: Sequence[str] | None = None,
     from ctuq.data.operators import RayTransform
     from ctuq.data.simulate import simulate_sinogram
 
-    families = CALIBRATION_FAMILIES if families is None else tuple(families)
+    families = default_families(size) if families is None else tuple(families)
     for n_angles in angles:
         geometry = Geometry.parallel(size, n_angles)
         op = RayTransform(geometry)
@@ -112,7 +128,8 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
         continues from); the coefficients describe the error of the image
         the settings show, with the posterior variance alone.
     families : sequence of str, optional
-        Phantom families of the tuning split (default :data:`CALIBRATION_FAMILIES`).
+        Phantom families of the tuning split (default :func:`default_families`: those
+        of the calibration shipped for the preset).
     n_per_family : int
         Images per family and condition. Default 2.
     angles : sequence of int
@@ -133,6 +150,8 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
         ``info`` what it was fitted on and the fit's log-likelihood.
     """
     config = config or ReconstructionConfig()
+    if families is None:
+        families = default_families(size, config)
     config = config.merged({"uncertainty": {"model_error": _term_of_the_image(config, size)
                                                       or "none"}})
     if families is not None:
@@ -167,7 +186,7 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
     emit_progress(progress, "calibrate", len(scans), len(scans), "fitting")
     return fit_calibration(
         truths, means, variances, preset=preset, size=int(size),
-        families=list(families or CALIBRATION_FAMILIES), split="tuning", angles=list(angles),
+        families=list(families), split="tuning", angles=list(angles),
         noise_levels=list(noise_levels), n_per_family=int(n_per_family),
         scans=[label for label, _ in scans], seconds=time.perf_counter() - t0,
         uncertainty={k: v for k, v in config.uncertainty.items()})
