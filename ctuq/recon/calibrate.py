@@ -150,15 +150,13 @@ def calibrate(size: int, config: ReconstructionConfig | None = None, *,
         ``info`` what it was fitted on and the fit's log-likelihood.
     """
     config = config or ReconstructionConfig()
-    if families is None:
-        families = default_families(size, config)
+    families = default_families(size, config) if families is None else tuple(families)
     config = config.merged({"uncertainty": {"model_error": _term_of_the_image(config, size)
                                                       or "none"}})
-    if families is not None:
-        bad = [f for f in families if f not in FAMILIES["tuning"]]
-        if bad:
-            raise InputError(f"unknown family {bad[0]!r}; choose from "
-                             f"{', '.join(FAMILIES['tuning'])}", field="families")
+    bad = [f for f in families if f not in FAMILIES["tuning"]]
+    if bad:
+        raise InputError(f"unknown family {bad[0]!r}; choose from "
+                         f"{', '.join(FAMILIES['tuning'])}", field="families")
     if scans is None:
         scans = [(f"{c.name} {a} angles {n:.0%}", s) for c, a, n, s in calibration_scans(
             size, families=families, n_per_family=n_per_family, angles=angles,
