@@ -11,7 +11,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_dip_step.py"
 
 def test_bench_dip_step_prints_one_json_document_with_the_time_per_iteration():
     out = subprocess.run([sys.executable, str(SCRIPT), "--sizes", "16", "--iterations", "12",
-                          "--device", "cpu"], capture_output=True, text=True, timeout=300)
+                          "--device", "cpu", "--repeats", "1"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["benchmark"] == "bench_dip_step" and doc["machine"]["device"] == "cpu"
@@ -23,6 +23,11 @@ def test_bench_dip_step_prints_one_json_document_with_the_time_per_iteration():
     assert set(row["plain_fit_seconds"]) == {"10", "12"}
     assert all(v > 0 for v in row["plain_fit_seconds"].values())
     assert "graph_ms_per_iteration" not in row  # no graph on the CPU
+    flat = row["flat_vs_per_tensor"]
+    # the step over two buffers gives torch's per-tensor numbers bit for bit
+    assert flat["bit_identical"] is True and flat["steps"] == 12
+    assert flat["flat_ms_per_step"] > 0 and flat["per_tensor_ms_per_step"] > 0
+    assert flat["speedup"] == flat["per_tensor_ms_per_step"] / flat["flat_ms_per_step"]
 
 
 def test_bench_dip_step_refuses_too_few_iterations():

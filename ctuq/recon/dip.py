@@ -44,6 +44,7 @@ from ctuq.errors import Cancelled, InputError
 from ctuq.fields import setting, validate
 from ctuq.models.unet import UNet, UNetConfig, build_unet, preset_name_for_size, unet_preset
 from ctuq.recon.baselines import total_variation
+from ctuq.recon.flat_parameters import FlatParameters
 from ctuq.recon.presets import DIP_DEFAULTS, WARM_START_DEFAULTS
 from ctuq.recon.warm_start import check_warm_start, resolve_warm_start
 from ctuq.recon.weights_file import WEIGHTS_FORMAT, load_weights, save_weights  # noqa: F401
@@ -460,11 +461,11 @@ class _DipFit:
         self.n_iter = int(config.iterations)
         self.params = [p for p in model.parameters() if p.requires_grad]
 
-    def _optimizer(self, lr):
+    def _optimizer(self, lr, params=None):
         # foreach: one multi-tensor update instead of a loop over the weights (on the CPU
         # too, where torch's default is the loop); the same numbers bit for bit
-        return torch.optim.Adam(self.model.parameters(), lr=lr, foreach=True,
-                                capturable=isinstance(lr, Tensor))
+        params = self.model.parameters() if params is None else params
+        return torch.optim.Adam(params, lr=lr, foreach=True, capturable=isinstance(lr, Tensor))
 
     def _loss(self):
         out = self.model(self.net_input)
@@ -490,38 +491,54 @@ class _DipFit:
             raise Cancelled(f"DIP cancelled at iteration {i} of {self.n_iter}")
 
     def run_plain(self):
-        """One host-driven step per iteration (the CPU path; bit-identical per seed)."""
+        """One host-driven step per iteration (the CPU path; bit-identical per seed).
+
+        The weights and gradients are views into two buffers while it runs
+        (:class:`~ctuq.recon.flat_parameters.FlatParameters`): Adam, the clipping and
+        the best-iterate copy then run over one tensor each, with the same numbers.
+        """
         n_iter, every = self.n_iter, int(self.config.progress_every)
-        optimizer = self._optimizer(self.config.lr)
+        flat = FlatParameters(self.model)
+        optimizer = self._optimizer(self.config.lr, flat.parameters())
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(self.config))
-        live = self.model.state_dict()  # detached views of the weights Adam updates in place
+        buffers = dict(self.model.named_buffers())  # none in the U-nets; kept if a model has
         hist = np.zeros((3, n_iter), dtype=np.float64)
-        best_loss, best_iter, best_state, best_out = math.inf, -1, None, None
-        for i in range(n_iter):
-            self._check_cancel(i)
-            optimizer.zero_grad(set_to_none=True)
-            out, values = self._loss()
-            # one device synchronisation per iteration instead of three
-            hist[:, i] = values.tolist()
-            lv = float(hist[0, i])
-            if not math.isfinite(lv):
-                log.warning("DIP loss is not finite at iteration %d; stopping early", i)
-                hist = hist[:, : i + 1]
-                break
-            if lv < best_loss:
-                best_loss, best_iter = lv, i
-                if best_state is None:
-                    best_state = {k: v.clone() for k, v in live.items()}
-                    best_out = out.detach().clone()
-                else:  # copied into the same buffers: no allocation per improvement
-                    for dst, src in zip(best_state.values(), live.values()):
-                        dst.copy_(src)
-                    best_out.copy_(out.detach())
-            self._clip()
-            optimizer.step()
-            scheduler.step()
-            if (i + 1) % every == 0 or i + 1 == n_iter:
-                self._report(i, hist, best_loss, best_iter, best_out)
+        best_loss, best_iter, best_weights, best_buffers, best_out = math.inf, -1, None, {}, None
+        try:
+            for i in range(n_iter):
+                self._check_cancel(i)
+                flat.zero_grad()
+                out, values = self._loss()
+                # one device synchronisation per iteration instead of three
+                hist[:, i] = values.tolist()
+                lv = float(hist[0, i])
+                if not math.isfinite(lv):
+                    log.warning("DIP loss is not finite at iteration %d; stopping early", i)
+                    hist = hist[:, : i + 1]
+                    break
+                if lv < best_loss:
+                    best_loss, best_iter = lv, i
+                    if best_weights is None:
+                        best_weights = flat.weights.detach().clone()
+                        best_buffers = {k: v.detach().clone() for k, v in buffers.items()}
+                        best_out = out.detach().clone()
+                    else:  # copied into the same buffers: no allocation per improvement
+                        best_weights.copy_(flat.weights.detach())
+                        for k, v in buffers.items():
+                            best_buffers[k].copy_(v)
+                        best_out.copy_(out.detach())
+                if self.config.clip_grad_norm is not None:
+                    flat.clip_grad_norm_(float(self.config.clip_grad_norm))
+                optimizer.step()
+                scheduler.step()
+                if (i + 1) % every == 0 or i + 1 == n_iter:
+                    self._report(i, hist, best_loss, best_iter, best_out)
+        finally:
+            flat.release()
+        if best_weights is None:
+            return hist, best_loss, best_iter, None, best_out
+        state = {**flat.state_dict(best_weights), **best_buffers}
+        best_state = {k: state[k] for k in self.model.state_dict()}  # state_dict's order
         return hist, best_loss, best_iter, best_state, best_out
 
     def run_graphed(self, graph: bool = True):
