@@ -351,3 +351,23 @@ def test_group_norm_on_cuda_matches_the_cpu_kernel():
     torch.nn.init.normal_(norm.weight), torch.nn.init.normal_(norm.bias)
     x = torch.randn(2, 8, 64, 64)
     torch.testing.assert_close(norm.cuda()(x.cuda()).cpu(), norm.cpu()(x), atol=1e-5, rtol=1e-5)
+
+
+def test_tv_input_is_the_tv_reconstruction_at_its_default_weight(problem):
+    from ctuq.recon.baselines import tv_reconstruction
+    from ctuq.recon.dip import make_net_input
+
+    op, x, y = problem
+    y = torch.as_tensor(y)
+    cfg = tiny_config(net_input="tv")
+    got = make_net_input(y, op, cfg, "cpu", noise_std=0.05)
+    want = tv_reconstruction(y, op, noise_std=0.05)
+    assert got.shape == (1, 1, *op.geometry.image_shape)
+    assert torch.equal(got[0, 0], want.float())
+    # a cleaner input than the FBP: nearer the truth
+    fbp = make_net_input(y, op, tiny_config(net_input="fbp"), "cpu")
+    truth = torch.as_tensor(x, dtype=torch.float32)
+    assert (got[0, 0] - truth).norm() < (fbp[0, 0] - truth).norm()
+    res = fit_dip(y, op, cfg.with_(iterations=5), noise_std=0.05)
+    assert torch.equal(res.net_input, got)
+

@@ -354,13 +354,15 @@ def test_heldout_split_lowers_every_until_enough_angles_are_out(n, expect_every)
         assert np.array_equal(me.heldout_split(n, 6, min_out=0), me.heldout_split(n, 6))
 
 
-def test_heldout_fit_never_sees_the_left_out_projections():
+@pytest.mark.parametrize("net_input", ["fbp", "tv"])
+def test_heldout_fit_never_sees_the_left_out_projections(net_input):
     from ctuq.recon.dip import DIPConfig
 
     op = RayTransform(Geometry.parallel(16, n_angles=12), backend="matrix")
     x = ellipses(16, seed=3)
     y = op(torch.as_tensor(x)).detach()
-    cfg = DIPConfig.for_image_size(16, iterations=20, progress_every=10**6, device="cpu")
+    cfg = DIPConfig.for_image_size(16, iterations=20, progress_every=10**6, device="cpu",
+                                   net_input=net_input)
     mask, dip = me.heldout_fit(y, op, cfg, every=4, noise_std=0.05)
     assert mask.sum() == 3 and dip.reconstruction.shape == (16, 16)
     assert dip.net_input.shape == (1, 1, 16, 16) and torch.isfinite(dip.net_input).all()

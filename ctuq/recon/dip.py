@@ -43,7 +43,7 @@ from torch import Tensor
 from ctuq.errors import Cancelled, InputError
 from ctuq.fields import setting, validate
 from ctuq.models.unet import UNet, UNetConfig, build_unet, preset_name_for_size, unet_preset
-from ctuq.recon.baselines import total_variation
+from ctuq.recon.baselines import total_variation, tv_reconstruction
 from ctuq.recon.flat_parameters import FlatParameters
 from ctuq.recon.presets import DIP_DEFAULTS, WARM_START_DEFAULTS
 from ctuq.recon.warm_start import check_warm_start, resolve_warm_start
@@ -130,9 +130,11 @@ class DIPConfig:
         presets; measured, docs/dip.md).
     clip_grad_norm : float or None
         Clip the gradient norm to this value (reference: 1). Default 1.
-    net_input : {'fbp', 'noise'}
-        The fixed network input: the FBP of ``y`` (reference) or
-        ``noise_std * randn``. Default ``'fbp'``.
+    net_input : {'fbp', 'tv', 'noise'}
+        The fixed network input: the FBP of ``y`` (reference), the TV
+        reconstruction of ``y`` at its default weight
+        (:func:`~ctuq.recon.baselines.tv_reconstruction`, 1000 PDHG
+        iterations; docs/dip.md §14), or ``noise_std * randn``. Default ``'fbp'``.
     noise_std : float
         Std of the noise input. Default 0.1.
     seed : int
@@ -191,8 +193,8 @@ class DIPConfig:
                                       doc="TV weight = factor x noise std x column norm.")
     clip_grad_norm: float | None = setting(1.0, kind=float, greater_than=0, maximum=1e30,
                                            optional=True, doc="Gradient-norm clip.")
-    net_input: str = setting("fbp", kind=str, choices=("fbp", "noise"),
-                             doc="Fixed network input.")
+    net_input: str = setting("fbp", kind=str, choices=("fbp", "tv", "noise"),
+                             doc="Fixed network input: fbp, tv or noise.")
     noise_std: float = setting(0.1, kind=float, minimum=0, maximum=1e6,
                                doc="Std of the noise input.")
     seed: int = setting(0, kind=int, minimum=0, maximum=2**63 - 1, doc="Seed of the fit.")
@@ -372,11 +374,19 @@ def lr_factor(config: DIPConfig) -> Callable[[int], float]:
     return factor
 
 
-def make_net_input(y: Tensor, op, config: DIPConfig, device) -> Tensor:
-    """The fixed network input ``[1, 1, H, W]``: FBP of ``y`` or seeded noise."""
-    if config.net_input == "fbp":
+def make_net_input(y: Tensor, op, config: DIPConfig, device,
+                   noise_std: float | None = None) -> Tensor:
+    """The fixed network input ``[1, 1, H, W]``: FBP or TV reconstruction of ``y``, or
+    seeded noise (:attr:`DIPConfig.net_input`).
+
+    ``noise_std``: the noise std of ``y``, for the TV weight (estimated from ``y`` when
+    None; only ``'tv'`` uses it).
+    """
+    if config.net_input in ("fbp", "tv"):
         with torch.no_grad():
-            x = op.fbp(y.reshape(op.geometry.range_shape))
+            y = y.reshape(op.geometry.range_shape)
+            x = (op.fbp(y) if config.net_input == "fbp"
+                 else tv_reconstruction(y, op, noise_std=noise_std))
         return x.reshape(1, 1, *op.geometry.image_shape).to(device).float()
     gen = torch.Generator().manual_seed(int(config.seed))
     noise = config.noise_std * torch.randn(1, 1, *op.geometry.image_shape, generator=gen)
@@ -724,7 +734,7 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
         model.load_state_dict(init_state)
     model = model.to(device)
     if net_input is None:
-        net_input = make_net_input(y_t, op, config, device)
+        net_input = make_net_input(y_t, op, config, device, noise_std)
     else:
         net_input = torch.as_tensor(net_input, dtype=torch.float32).reshape(
             1, 1, *op.geometry.image_shape).to(device)

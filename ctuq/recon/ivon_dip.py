@@ -414,7 +414,7 @@ def fit_ivon_dip(y, op, config: IVONDIPConfig | None = None, *,
         load_weights(model, dcfg.weights_file())
         log.info("IVON-DIP warm start from %s", dcfg.weights_file())
     model = model.to(device)
-    net_input = make_net_input(y_t, op, dcfg, device)
+    net_input = make_net_input(y_t, op, dcfg, device, sigma)
 
     n_iter = int(config.iterations)
     every = int(dcfg.progress_every)

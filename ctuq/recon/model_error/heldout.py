@@ -69,11 +69,12 @@ def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
                 cancel=None, monitor=None):
     """The DIP fit without every ``every``-th angle, for :func:`fit_heldout`.
 
-    The network input is the FBP of the kept angles only, so nothing of the
-    left-out projections reaches the fit: the FBP of the whole angle grid
-    with the left-out rows set to zero, scaled by ``n_angles / n_kept``
-    (ODL's FBP needs equispaced angles; this is the FBP of the kept ones with
-    the missing ones' weight spread evenly).
+    The network input is made from the kept angles only, so nothing of the
+    left-out projections reaches the fit: with ``net_input = 'fbp'`` the FBP of
+    the whole angle grid with the left-out rows set to zero, scaled by
+    ``n_angles / n_kept`` (ODL's FBP needs equispaced angles; this is the FBP of
+    the kept ones with the missing ones' weight spread evenly); with ``'tv'`` the
+    TV reconstruction of the kept rows.
 
     Parameters
     ----------
@@ -107,10 +108,12 @@ def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
 
     out_mask = heldout_split(op.geometry.n_angles, every, min_out)
     y = torch.as_tensor(y, dtype=torch.float32).reshape(op.geometry.range_shape).to(op.device)
-    zero_filled = y.clone()
-    zero_filled[torch.as_tensor(out_mask).to(y.device)] = 0
-    with torch.no_grad():
-        net_input = op.fbp(zero_filled) * (op.geometry.n_angles / int((~out_mask).sum()))
+    net_input = None  # 'tv', 'noise': the fit's own input, from the kept rows only
+    if dip_config.net_input == "fbp":
+        zero_filled = y.clone()
+        zero_filled[torch.as_tensor(out_mask).to(y.device)] = 0
+        with torch.no_grad():
+            net_input = op.fbp(zero_filled) * (op.geometry.n_angles / int((~out_mask).sum()))
     op_in, y_in, v_in = kept_rows(op, y, out_mask, ray_variance)
     dip = fit_dip(y_in, op_in, dip_config, noise_std=noise_std,
                   ray_variance=v_in, progress=progress, cancel=cancel, stage="model error",
