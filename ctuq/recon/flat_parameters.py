@@ -4,8 +4,8 @@ The U-nets of the DIP presets are small (30,509 weights in 72 tensors at 64²), 
 on the CPU a training step pays for every weight tensor a few small kernels: Adam's
 update (torch's ``foreach`` ops fall back to a loop over the tensors on the CPU),
 the gradient clipping and the copy of the best iterate. Over one buffer each of
-those is one kernel: 1.3 ms of a 9 ms DIP step at 64² on two threads
-(``scripts/bench_dip_step.py``). The numbers stay the same bit for bit: Adam's
+those is one kernel: a 64² DIP step 1.29× faster on two CPU threads
+(docs/speed.md). The numbers stay the same bit for bit: Adam's
 update is elementwise, and the clipping norm is still taken tensor by tensor, as
 :func:`torch.nn.utils.clip_grad_norm_` takes it.
 
