@@ -484,10 +484,15 @@ class _DipFit:
         loss.backward()
         return out, torch.stack([loss.detach(), data_fit.detach(), tv.detach()])
 
-    def _clip(self):
-        if self.config.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.params,
-                                           max_norm=float(self.config.clip_grad_norm))
+    def _clip(self, flat: FlatParameters | None = None):
+        # over the flat buffers when the loop has them: the same numbers, one kernel
+        if self.config.clip_grad_norm is None:
+            return
+        max_norm = float(self.config.clip_grad_norm)
+        if flat is not None:
+            flat.clip_grad_norm_(max_norm)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.params, max_norm=max_norm)
 
     def _report(self, i, hist, best_loss, best_iter, best_out):
         emit_progress(self.progress, self.stage, i + 1, self.n_iter,
@@ -537,8 +542,7 @@ class _DipFit:
                         for k, v in buffers.items():
                             best_buffers[k].copy_(v)
                         best_out.copy_(out.detach())
-                if self.config.clip_grad_norm is not None:
-                    flat.clip_grad_norm_(float(self.config.clip_grad_norm))
+                self._clip(flat)
                 optimizer.step()
                 scheduler.step()
                 if (i + 1) % every == 0 or i + 1 == n_iter:
