@@ -86,11 +86,11 @@ def steps(model, net_input, y, op, gamma, n: int, flat: bool) -> float:
     if flat:
         params = FlatParameters(model)
         opt = torch.optim.Adam(params.parameters(), lr=1e-3)
+        best_flat = params.weights.clone()
     else:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
-    live = model.state_dict()
-    best = {k: v.clone() for k, v in live.items()}
-    best_flat = params.weights.clone() if flat else None
+        live = model.state_dict()
+        best = {k: v.clone() for k, v in live.items()}
     for i in range(n + _WARMUP):
         if i == _WARMUP:  # the first steps allocate: not timed
             sync(net_input.device)
