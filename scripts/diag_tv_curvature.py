@@ -8,7 +8,7 @@ the prior ``exp(−α Σ_j |d_j|)`` with ``α = γ / (2σ²)`` (``d`` the image'
 vertical differences, ``σ²`` the EM's), bounded by its variational quadratic
 ``|d| ≤ (d² + u) / (2 √u)``, ``u_j = E[d_j²]`` (exact at ``u = d²``), which is a
 Gaussian pseudo-observation ``d_j = 0`` of precision ``α / √u_j``. Those rows are
-stacked under the ray transform (:class:`StackedDifferences`) and the predictive
+stacked under the ray transform (``ctuq.recon.tv_curvature.TVCurvatureOperator``) and the predictive
 samples drawn again with the EM's prior and noise; ``u`` is the DIP output's squared
 differences plus the current samples' variance of them, refreshed ``--vb-iterations``
 times. Everything else (the EM, the held-out model error, the scoring) is
@@ -36,73 +36,24 @@ from pathlib import Path
 import torch
 
 
-def _dh(x):
-    return x[..., :, 1:] - x[..., :, :-1]
-
-
-def _dv(x):
-    return x[..., 1:, :] - x[..., :-1, :]
-
-
-class StackedDifferences:
-    """``[A; D_h; D_v]``: the ray transform with the image's differences as extra rows.
-
-    ``A(x)``: ``[..., H, W]`` → ``[..., m + H(W−1) + (H−1)W]``; ``A_adjoint`` its exact
-    adjoint. Other attributes are the ray transform's.
-    """
-
-    def __init__(self, op, shape):
-        self.op = op
-        self.H, self.W = (int(s) for s in shape)
-        self.sino_shape = tuple(int(s) for s in op.range_shape)
-        self.m = self.sino_shape[0] * self.sino_shape[1]
-        self.nh, self.nv = self.H * (self.W - 1), (self.H - 1) * self.W
-        self.range_shape = (self.m + self.nh + self.nv,)
-
-    def __getattr__(self, name):
-        if name == "op":
-            raise AttributeError(name)
-        return getattr(self.op, name)
-
-    def A(self, x):
-        return torch.cat([self.op.A(x).flatten(-2), _dh(x).flatten(-2), _dv(x).flatten(-2)],
-                         -1)
-
-    __call__ = A
-
-    def A_adjoint(self, u):
-        H, W, m, nh = self.H, self.W, self.m, self.nh
-        out = self.op.A_adjoint(u[..., :m].unflatten(-1, self.sino_shape)).clone()
-        h = u[..., m:m + nh].unflatten(-1, (H, W - 1))
-        v = u[..., m + nh:].unflatten(-1, (H - 1, W))
-        out[..., :, 1:] += h
-        out[..., :, :-1] -= h
-        out[..., 1:, :] += v
-        out[..., :-1, :] -= v
-        return out
-
-
 def tv_conditioned_samples(out: dict, dip, op, ray_variance, k: int, seed: int,
                            iterations: int) -> torch.Tensor:
     """``k`` zero-mean image samples of the posterior conditioned on the TV bound."""
     from ctuq.posterior.likelihood import LinearGaussianLikelihood
     from ctuq.recon import predictive
+    from ctuq.recon.tv_curvature import TVCurvatureOperator, differences
 
     post, lin = out["posterior"], out["linearization"]
     x = lin.x_hat.detach().double()
     s2 = float(post.noise_var)
     alpha = float(dip.tv_weight) / (2.0 * s2)
-    stacked = StackedDifferences(op, x.shape[-2:])
-    v_data = (torch.ones(stacked.m, dtype=torch.float64) if ray_variance is None
-              else ray_variance.double().flatten())
     samples = out["image_samples"].double()
     for _ in range(iterations):
-        u_h = _dh(x).square() + _dh(samples).square().mean(0)
-        u_v = _dv(x).square() + _dv(samples).square().mean(0)
-        precision = alpha * torch.cat([u_h.flatten(), u_v.flatten()]).rsqrt()
-        variance = torch.cat([v_data, 1.0 / (s2 * precision)]).float()  # relative to σ²
-        like = LinearGaussianLikelihood(lin, stacked, None, batch_axis="rows",
-                                        ray_variance=variance)
+        u = differences(x).square() + differences(samples).square().mean(0)
+        precision = alpha * u.reshape(-1).rsqrt()
+        # rows √(σ² · precision) D under the likelihood's (whitened) ray transform
+        stacked = TVCurvatureOperator(post.likelihood.operator, (s2 * precision).sqrt())
+        like = LinearGaussianLikelihood(lin, stacked, None, batch_axis="rows")
         res = post.sampler.sample(like, post.prior, post.noise_var, k,
                                   generator=torch.Generator().manual_seed(seed + 11),
                                   stage="predictive")

@@ -88,20 +88,26 @@ def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: Lapl
         unpack=lambda s: FittedPosterior(likelihood=likelihood, **s),
         progress=progress)
     check_cancel(cancel, "reconstruction")
+    drawn = post
+    if float(getattr(settings, "tv_curvature", 0.0)) > 0:
+        from ctuq.recon.tv_curvature import with_tv_curvature
+        drawn = with_tv_curvature(post, lin, factor=float(settings.tv_curvature),
+                                  tv_weight=float(dip.config.resolve_tv_weight(y, op, noise_std)),
+                                  noise_std=float(noise_std))
     k = int(predictive_samples)
 
     def draw():
         emit_progress(progress, "predictive", 0, k, "posterior samples")
         gen = torch.Generator().manual_seed(seed + 7)
-        z = post.draw(k, generator=gen, batch_size=PREDICTIVE_BATCH, progress=progress,
-                      cancel=cancel)
+        z = drawn.draw(k, generator=gen, batch_size=PREDICTIVE_BATCH, progress=progress,
+                       cancel=cancel)
         emit_progress(progress, "predictive", k, k, "done")
-        return predictive.image_samples(lin, z), post.draw_info  # zero-mean, [k, H, W]
+        return predictive.image_samples(lin, z), drawn.draw_info  # zero-mean, [k, H, W]
 
-    (image_samples, post.draw_info), timings["predictive"] = stages.run(
+    (image_samples, drawn.draw_info), timings["predictive"] = stages.run(
         "predictive", draw, progress=progress)
     variance = image_samples.pow(2).mean(0)
-    return {"posterior": post, "linearization": lin, "image_samples": image_samples,
+    return {"posterior": drawn, "linearization": lin, "image_samples": image_samples,
             "variance": variance, "std": variance.sqrt(), "timings": timings,
             "options": options}
 

@@ -104,6 +104,11 @@ class LaplaceSettings:
         all angles (full batch, stopping early at its tolerance).
     sto_iterations : int
         ``sampler = 'sto'``: most steps per solve. Default 1000.
+    tv_curvature : float
+        ``κ``: the predictive samples (and so the std) come from the posterior
+        with the TV term's curvature, ``κ`` times the fit's own TV weight,
+        added after the EM (:mod:`ctuq.recon.tv_curvature`): the std shrinks
+        where the fit is flat and stays across its edges. Default 0 (off).
     mean : {'dip', 'linear', 'linear-heldout'}
         The reconstruction shown, the centre of the samples: the DIP's
         output ``f(θ̃)`` (the linearisation point), or the posterior mean of
@@ -165,6 +170,10 @@ class LaplaceSettings:
                                          doc="sto: projection angles per step (default: all).")
     sto_iterations: int = setting(1000, kind=int, minimum=1, maximum=10**7,
                                   doc="sto: most steps per solve.")
+    tv_curvature: float = setting(0.0, kind=float, minimum=0, maximum=1e6,
+                                  doc="kappa: the TV term's curvature, kappa times the fit's TV "
+                                      "weight, in the posterior of the predictive samples "
+                                      "(0: off).")
     mean: str = setting("dip", kind=str, choices=("dip", "linear", "linear-heldout"),
                         doc="Reconstruction shown: the DIP output, the linearised "
                             "model's posterior mean, or the DIP output plus its step at "
