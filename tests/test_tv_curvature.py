@@ -154,7 +154,7 @@ def test_cg_samples_of_the_stacked_likelihood_match_the_dense_variance(problem, 
     assert plain > 3 * med
 
 
-def test_with_tv_curvature_adds_the_term_to_a_fitted_posterior(problem, lin):
+def test_with_tv_curvature_adds_the_term_to_a_fitted_posterior(problem, lin, monkeypatch):
     from ctuq.posterior import EMOptions
     from ctuq.recon.evidence import fit_posterior
 
@@ -180,5 +180,14 @@ def test_with_tv_curvature_adds_the_term_to_a_fitted_posterior(problem, lin):
     # more precision can only narrow the posterior, and it does where the fit is flat
     assert bool((after <= before * (1 + 1e-6)).all())
     assert float((after / before).median()) < 0.9
+    import ctuq.posterior.sampling_cg as cg
+
+    builds = []
+    build = cg._nystrom
+    monkeypatch.setattr(cg, "_nystrom", lambda *a, **k: builds.append(1) or build(*a, **k))
     z = drawn.draw(2, generator=torch.Generator().manual_seed(0))
     assert z.shape == (2, lin.num_params) and bool(torch.isfinite(z).all())
+    # the first draw builds the preconditioner of the new kernel; later draws reuse it
+    assert len(builds) == 1 and drawn.sample_state is not None
+    again = drawn.draw(4, generator=torch.Generator().manual_seed(1), batch_size=2)
+    assert len(builds) == 1 and again.shape == (4, lin.num_params)

@@ -436,6 +436,10 @@ class FittedPosterior:
                                                      f"{done}/{k} posterior samples; "))
             parts.append(res.z)
             self.draw_info.append(res.info)
+            if self.sample_state is None:
+                # a posterior without an E-step of its own (ctuq.recon.tv_curvature's):
+                # the first draw's preconditioner serves the later ones
+                self.sample_state = res
             done += m
             emit_progress(progress, stage, done, k, f"{done}/{k} posterior samples")
         return torch.cat(parts)
