@@ -78,10 +78,10 @@ def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: Lapl
     likelihood = ct_likelihood(lin, op, y, ray_variance)
     options = uncertainty_options(settings, learn_noise=bool(learn_noise), seed=seed)
     options["em"] = options["em"].with_(em_patience=int(getattr(settings, "em_patience", 1)))
+    tv_weight = float(dip.config.resolve_tv_weight(y, op, noise_std))  # EM and TV curvature
     post, timings["em"] = stages.run(
         "em", lambda: fit_posterior(
-            lin, op, y, noise_std**2, **options,
-            tv_weight=float(dip.config.resolve_tv_weight(y, op, noise_std)),
+            lin, op, y, noise_std**2, **options, tv_weight=tv_weight,
             likelihood=likelihood, progress=progress, cancel=cancel),
         # saved without its likelihood (the operator and network are rebuilt)
         pack=lambda p: {f.name: getattr(p, f.name) for f in fields(p) if f.name != "likelihood"},
@@ -92,8 +92,7 @@ def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: Lapl
     if float(getattr(settings, "tv_curvature", 0.0)) > 0:
         from ctuq.recon.tv_curvature import with_tv_curvature
         drawn = with_tv_curvature(post, lin, factor=float(settings.tv_curvature),
-                                  tv_weight=float(dip.config.resolve_tv_weight(y, op, noise_std)),
-                                  noise_std=float(noise_std))
+                                  tv_weight=tv_weight, noise_std=float(noise_std))
     k = int(predictive_samples)
 
     def draw():
