@@ -14,8 +14,9 @@ default reconstruction runs as the pipeline runs it; its state before the metric
 
 each with the held-out model error refitted as the pipeline fits it (the same held-out
 likelihood and rule, the new posterior variance), scored against the truth. One JSON line
-per scan on stdout: per variant ±1σ, ±2σ, the per-pixel log-likelihood, mean std / RMSE
-and the held-out coefficients.
+per scan on stdout: per variant the scores of ``ctuq.bench.tuning.score_variance`` (±1σ,
+±2σ, ±3σ, on edges, the per-pixel log-likelihood, mean std / RMSE) and the held-out
+coefficients.
 
 The pipeline's state and the held-out likelihood's arguments are captured by wrapping
 its stage functions (a study, not an interface). Memory: a dense 4096² covariance and the
@@ -82,19 +83,11 @@ def _refit(got, var_post):
     return co, co.variance(got["x_shown"], torch.as_tensor(var_post)).numpy()
 
 
-def _score(err, var) -> dict:
-    s = np.sqrt(var)
-    return {"coverage_1": float((np.abs(err) <= s).mean()),
-            "coverage_2": float((np.abs(err) <= 2 * s).mean()),
-            "pixel_log_likelihood": float((-0.5 * np.log(2 * np.pi * var)
-                                           - 0.5 * err**2 / var).mean()),
-            "std_over_rmse": float(s.mean() / np.sqrt((err**2).mean()))}
-
-
 def one_scan(case, run, factors, got, predcp: bool = False) -> dict:
     import ctuq
     from ctuq.bench.calibration import reconstruction_config
     from ctuq.bench.cases import simulate, sinogram
+    from ctuq.bench.tuning import score_variance
     from ctuq.posterior.likelihood import dense_matrix
     from ctuq.recon.tv_curvature import differences, tv_curvature_weights
 
@@ -140,18 +133,19 @@ def one_scan(case, run, factors, got, predcp: bool = False) -> dict:
                 var_d = torch.linalg.solve_triangular(L, DQ.T, upper=False).square().sum(0)
     # scored in data units (the fit's times the data scale s), as bench_calibration scores
     s = float(got["problem"].scale)
-    err = got["x_shown"].numpy() * s - np.asarray(scan.truth, np.float64)
+    truth, shown = np.asarray(scan.truth, np.float64), got["x_shown"].numpy() * s
     s2 = s * s
     out = {"id": case["id"], "data_scale": s, "sigma2": sigma2, "sigma_d": sigma_d,
            "tv_weight": gamma, "pipeline_coefficients": [got["coefficients"].t0,
                                                          got["coefficients"].s1],
-           "pipeline": _score(err, s2 * (np.asarray(got["outcome"].variance, np.float64)
-                                         .reshape(h, w) + got["model_error"].reshape(h, w))),
            "variants": {}}
+    pipeline_var = np.asarray(got["outcome"].variance, np.float64).reshape(h, w)
+    out["pipeline"] = score_variance(truth, shown,
+                                     s2 * (pipeline_var + got["model_error"].reshape(h, w)))
     for name, v in var.items():
         co, me = _refit(got, v)
-        out["variants"][name] = {**_score(err, s2 * (v + me)),
-                                 "posterior_alone": _score(err, s2 * v),
+        out["variants"][name] = {**score_variance(truth, shown, s2 * (v + me)),
+                                 "posterior_alone": score_variance(truth, shown, s2 * v),
                                  "coefficients": [co.t0, co.s1]}
     out["seconds"] = time.perf_counter() - t0
     return out
