@@ -87,7 +87,7 @@ UNCERTAINTY_DEFAULTS: dict[str, dict] = {
     # std/RMSE 1.23 → 1.19 at the same worst image (docs/defaults.md)
     # two separate DIP fits, not dip-64's shared one (dip_from_heldout 0): it passed the
     # realistic validation scans, but on the 20 realistic test scans it widened the
-    # interval past the sharpness target (std/RMSE above 1.3, ±1σ 81 -> 87 %) and
+    # interval past the sharpness target (std/RMSE above 1.3, ±1σ 81 -> 86 %) and
     # lowered the LL, for 19 % less time; the held-out floor is still the calibration of
     # separate fits (docs/speed.md)
     "dip-128": dict(n_samples=8, predictive_samples=32, predcp_samples=16,
