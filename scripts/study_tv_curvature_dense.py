@@ -101,13 +101,13 @@ def one_scan(case, run, factors, got, predcp: bool = False) -> dict:
     h, w = lin.image_shape[-2:]
     n = h * w
     with torch.no_grad():
-        rows = []
+        rows, unit = [], torch.eye(n, dtype=torch.float32)
         for i in range(0, n, 256):                 # Lᵀ Jᵀ e_i, so that J Σ Jᵀ = R Rᵀ
-            u = torch.eye(n, dtype=torch.float32)[i:i + 256].reshape(-1, h, w)
+            u = unit[i:i + 256].reshape(-1, h, w)
             rows.append(post.prior.cov_sqrt(lin.vjp(u).double(), transpose=True).float())
         R = torch.cat(rows)
         prior_cov = (R @ R.T).double()
-        del R, rows
+        del R, rows, unit
         A = dense_matrix(post.likelihood.operator)  # V^{-1/2} A
         AS = A @ prior_cov
         K = AS @ A.T + sigma2 * torch.eye(A.shape[0], dtype=torch.float64)
@@ -121,8 +121,9 @@ def one_scan(case, run, factors, got, predcp: bool = False) -> dict:
         gamma, sigma_d = float(got["dip"].tv_weight), float(got["problem"].noise.std)
         x_hat = lin.x_hat.reshape(h, w)
         eye = torch.eye(Q.shape[1], dtype=torch.float64)
+        var_d_dense = DQ.square().sum(1)           # Var d under Σx: every κ's first step
         for kappa in factors:
-            var_d = DQ.square().sum(1)
+            var_d = var_d_dense
             for it in range(2):
                 c = tv_curvature_weights(x_hat, var_d, factor=kappa, tv_weight=gamma,
                                          noise_std=sigma_d)
