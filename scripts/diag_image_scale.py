@@ -45,7 +45,7 @@ from ctuq.bench.runner import dump_json, read_cases
 from ctuq.bench.tuning import kept_case, row_fit_excess, score_variance, summarise
 from ctuq.recon.model_error import ModelErrorCoefficients
 from ctuq.recon.model_error.edges import edge_strength
-from ctuq.recon.model_error.terms import floor_applies, floor_rejection
+from ctuq.recon.model_error.terms import fit_rule
 
 POSTERIOR_PRIOR_WIDTH = 0.5
 
@@ -62,8 +62,7 @@ def image_case(row, arrays, prior) -> dict | None:
     if kept is None or kept[0] is None:
         return None
     lik, truth, x_hat, var_post = kept
-    co = lik.fit(prior, 0.1, floor=floor_applies("checked", row_fit_excess(row, x_hat)),
-                 floor_reject=floor_rejection("checked"))
+    co = lik.fit(prior, 0.1, **fit_rule("checked", row_fit_excess(row, x_hat)))
     post = var_post.numpy().astype(np.float64)
     edge2 = edge_strength(x_hat).numpy().astype(np.float64) ** 2
     model = co.t0 ** 2 * post.mean() + co.s1 ** 2 * edge2

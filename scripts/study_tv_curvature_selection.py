@@ -34,17 +34,15 @@ import torch
 from ctuq.bench.runner import dump_json, read_cases
 from ctuq.bench.tuning import kept_case, row_fit_excess, score_total, summarise
 from ctuq.recon.model_error import ModelErrorCoefficients
-from ctuq.recon.model_error.terms import (edge_concentration, floor_applies, floor_rejection,
-                                          textured)
+from ctuq.recon.model_error.terms import edge_concentration, fit_rule
 
 
 def refit(row, folder, prior, width, texture):
     """The run's held-out term refitted as the default fits it: log-likelihood and scores."""
     lik, truth, x_hat, var_post = kept_case(folder, row["id"])
     excess = row_fit_excess(row, x_hat)
-    co = lik.fit(prior, width, floor=floor_applies("checked", excess),
-                 floor_reject=floor_rejection("checked"),
-                 fit_negligible=textured(edge_concentration(x_hat.numpy()), texture))
+    co = lik.fit(prior, width,
+                 **fit_rule("checked", excess, edge_concentration(x_hat.numpy()), texture))
     loglik = -co.info["nll_per_measurement"] * len(lik.r)
     return {"heldout_loglik": loglik, "t0": co.t0, "s1": co.s1,
             **score_total(truth, x_hat, var_post, co)}

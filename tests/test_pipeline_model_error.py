@@ -14,7 +14,8 @@ from ctuq.errors import InputError
 from ctuq.recon.config import UncertaintyConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
 from ctuq.recon.model_error.terms import (FLOOR_EXCESS, FLOOR_REJECT_NATS, edge_concentration,
-                                         floor_applies, floor_rejection, heldout_noise_scale)
+                                         fit_rule, floor_applies, floor_rejection,
+                                         heldout_noise_scale)
 
 from conftest import digit_sinogram
 
@@ -228,6 +229,18 @@ def test_floor_rule_choices_and_their_decisions():
         assert floor_applies("checked", excess) == floor_applies("auto", excess)
     assert floor_rejection("checked") == FLOOR_REJECT_NATS
     assert all(floor_rejection(c) == math.inf for c in ("auto", "on", "off"))
+    # fit_rule: the three together, as the pipeline and every offline refit pass them
+    assert fit_rule("checked", FLOOR_EXCESS * 1.01, 0.2, 0.35) == {
+        "floor": True, "floor_reject": FLOOR_REJECT_NATS, "fit_negligible": True}
+    assert fit_rule("checked", 0.9, 0.5, 0.35) == {
+        "floor": False, "floor_reject": FLOOR_REJECT_NATS, "fit_negligible": False}
+    # no edge measurement, or no threshold: never a texture
+    assert not fit_rule("on", None, None, 0.35)["fit_negligible"]
+    assert not fit_rule("on", None, 0.2)["fit_negligible"]
+    assert fit_rule("auto", 5.0, threshold=10.0)["floor"] is False
+    assert fit_rule("off", 50.0)["floor_reject"] == math.inf
+    with pytest.raises(InputError, match="heldout_calibration_floor"):
+        fit_rule("sometimes", 1.0)
 
 
 def test_texture_threshold_frees_the_negligible_coefficient_of_a_textured_image(scan, tmp_path):

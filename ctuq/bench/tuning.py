@@ -226,8 +226,8 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
         candidate), ``cases``, ``seconds``.
     """
     from ctuq.recon.model_error import ModelErrorCoefficients
-    from ctuq.recon.model_error.terms import (edge_concentration, floor_applies,
-                                              floor_rejection, heldout_noise_scale, textured)
+    from ctuq.recon.model_error.terms import (edge_concentration, fit_rule, floor_applies,
+                                              heldout_noise_scale)
 
     t_start = time.perf_counter()
     prior = ModelErrorCoefficients.load(calibration)
@@ -255,17 +255,14 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
             floored = floor_applies("auto", row["fit_excess"], threshold=t)
             candidates.update({f"{w} auto {t:g}": lik.fit(prior, w, mle=mle, floor=floored)
                                for w in finite})
-        if checked or texture_thresholds:  # floored as 'checked' floors
-            as_checked = {"floor": floor_applies("checked", row["fit_excess"]),
-                          "floor_reject": floor_rejection("checked")}
-        if checked:
-            candidates.update({f"{w} checked": lik.fit(prior, w, mle=mle, **as_checked)
-                               for w in finite})
+        if checked:  # floored as 'checked' floors, no image a texture
+            candidates.update({f"{w} checked": lik.fit(
+                prior, w, mle=mle, **fit_rule("checked", row["fit_excess"])) for w in finite})
         if texture_thresholds:
             row["edge_concentration"] = edges = edge_concentration(x_hat.numpy())
         for t in texture_thresholds:
             candidates.update({f"{w} checked texture {t:g}": lik.fit(
-                prior, w, mle=mle, fit_negligible=textured(edges, t), **as_checked)
+                prior, w, mle=mle, **fit_rule("checked", row["fit_excess"], edges, t))
                 for w in finite})
         for rule in noise_rules:
             scaled = dataclasses.replace(lik, noise_scale=heldout_noise_scale(

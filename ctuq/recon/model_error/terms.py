@@ -65,7 +65,7 @@ __all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
            "CalibratedTerm", "ConformalTerm", "MODEL_ERROR_TERMS", "METHODS",
            "make_model_error", "coefficients_for", "heldout_prior", "shown_image",
            "FLOOR_CHOICES", "FLOOR_EXCESS", "FLOOR_REJECT_NATS", "fit_record",
-           "floor_applies", "floor_rejection", "EDGE_SHARE", "edge_concentration", "textured",
+           "floor_applies", "floor_rejection", "fit_rule", "EDGE_SHARE", "edge_concentration", "textured",
            "HELDOUT_NOISE_CHOICES", "heldout_noise_scale"]
 
 #: ``heldout_calibration_floor``: when the calibration is a lower bound of the held-out fit.
@@ -179,6 +179,36 @@ def floor_rejection(choice: str) -> float:
     ``heldout_calibration_floor = choice`` to drop it: :data:`FLOOR_REJECT_NATS` for
     ``'checked'``, ``inf`` (never) otherwise."""
     return FLOOR_REJECT_NATS if choice == "checked" else math.inf
+
+
+def fit_rule(choice: str, excess: float | None, edges: float | None = None,
+             texture_threshold: float = 0.0, *, threshold: float = FLOOR_EXCESS) -> dict:
+    """The keywords of :meth:`~ctuq.recon.model_error.heldout.HeldoutLikelihood.fit` (and
+    :func:`~ctuq.recon.model_error.heldout.fit_heldout`) that the held-out settings give.
+
+    Parameters
+    ----------
+    choice : str
+        ``heldout_calibration_floor`` (:data:`FLOOR_CHOICES`).
+    excess : float or None
+        ``chi2_dof`` of :func:`fit_record` for the image shown (None: not measured).
+    edges : float or None, optional
+        Its :func:`edge_concentration` (None: not measured, never a texture).
+    texture_threshold : float, optional
+        ``heldout_texture_threshold`` (0: no image is a texture). Default 0.
+    threshold : float, optional
+        The excess above which ``'auto'``/``'checked'`` floor. Default :data:`FLOOR_EXCESS`.
+
+    Returns
+    -------
+    dict
+        ``floor`` (:func:`floor_applies`), ``floor_reject`` (:func:`floor_rejection`) and
+        ``fit_negligible`` (:func:`textured`): one mapping for the pipeline and for every
+        offline refit of kept likelihoods, so that a refit is the pipeline's fit.
+    """
+    return {"floor": floor_applies(choice, excess, threshold),
+            "floor_reject": floor_rejection(choice),
+            "fit_negligible": textured(edges, texture_threshold)}
 
 
 @dataclass
@@ -399,9 +429,8 @@ class HeldoutTerm(ModelErrorTerm):
                              var_post, noise_var, prior=self.calibration,
                              prior_width=s.heldout_prior_width, ray_variance=v,
                              correlation_length=s.heldout_correlation_length,
-                             floor=floor_applies(rule, excess),
-                             floor_reject=floor_rejection(rule), noise_scale=scale,
-                             fit_negligible=textured(edges, s.heldout_texture_threshold))
+                             noise_scale=scale,
+                             **fit_rule(rule, excess, edges, s.heldout_texture_threshold))
         coeffs.info.update(noise_rule=s.heldout_noise, noise_scale=scale)
         if self.calibration is not None:
             coeffs.info["prior"].update({"from": self.source, "floor_rule": rule,
