@@ -171,7 +171,7 @@ def test_heldout_prior_fades_where_the_projections_see_the_model_error():
         c = lik.fit(prior, prior_width=1.0)
         assert c.info["prior"] == {"t0": prior.t0, "s1": prior.s1, "width": 1.0,
                                    "floor": False, "floor_rejection_nats": None,
-                                   "floor_rejected": False, "negligible_fitted": False}
+                                   "floor_rejected": False, "texture": False}
         assert c.info["mle"]["t0"] == pytest.approx(lik.fit().t0)
         estimates.append((c.t0, c.s1))
     t0_hat, s1_hat = np.mean(estimates, 0)
@@ -225,23 +225,28 @@ def test_calibration_floor_holds_a_negligible_coefficient_at_zero_and_bounds_the
     assert (lik.fit(None, floor=True).t0, lik.fit(None, floor=True).s1) == (mle.t0, mle.s1)
 
 
-def test_fit_negligible_fits_the_coefficient_the_floor_holds_at_zero():
+def test_texture_fits_the_coefficient_the_floor_holds_at_zero_without_the_prior():
     # informative held-out data (true t0 = 3, s1 = 0.25); a calibration without t0
     lik = next(_heldout_likelihoods(1e-3, 1))
     low = me.ModelErrorCoefficients(0.0, HELDOUT_S1 / 10, "calibrated")
     held = lik.fit(low, prior_width=20.0, floor=True)
-    freed = lik.fit(low, prior_width=20.0, floor=True, fit_negligible=True)
+    freed = lik.fit(low, prior_width=20.0, floor=True, texture=True)
     assert held.t0 == 0.0 and freed.t0 > 1.0
-    assert freed.info["prior"]["negligible_fitted"] and not held.info["prior"]["negligible_fitted"]
-    # the floor below the data does not bind: the unfloored fit, t0 and all
-    plain = lik.fit(low, prior_width=20.0)
-    assert (freed.t0, freed.s1) == pytest.approx((plain.t0, plain.s1), rel=1e-4)
+    assert freed.info["prior"]["texture"] and not held.info["prior"]["texture"]
+    # the floor below the data does not bind: the maximum likelihood, t0 and all
+    mle = lik.fit()
+    assert (freed.t0, freed.s1) == pytest.approx((mle.t0, mle.s1), rel=1e-4)
+    # a tight prior far below the data pulls s1 down; a texture's s1 is not pulled
+    tight = lik.fit(low, prior_width=0.1)
+    assert tight.s1 < 0.5 * mle.s1
+    assert lik.fit(low, prior_width=0.1, floor=True, texture=True).s1 == pytest.approx(
+        mle.s1, rel=1e-4)
     # a floor above the data still binds s1
     high = me.ModelErrorCoefficients(0.0, 3 * HELDOUT_S1, "calibrated")
-    c = lik.fit(high, prior_width=0.1, floor=True, fit_negligible=True)
+    c = lik.fit(high, prior_width=0.1, floor=True, texture=True)
     assert c.t0 > 0.0 and c.s1 == high.s1
-    # without the floor the flag changes nothing (t0 is fitted anyway)
-    assert lik.fit(low, prior_width=20.0, fit_negligible=True).t0 == plain.t0
+    # without the floor, a texture is the maximum likelihood
+    assert (lik.fit(low, prior_width=0.1, texture=True).s1 == pytest.approx(mle.s1, rel=1e-4))
 
 
 def test_a_degenerate_heldout_likelihood_is_not_passed_off_as_a_fit(caplog):

@@ -152,7 +152,7 @@ def test_heldout_with_a_calibration_records_its_prior_and_the_likelihood_optimum
     assert prior.pop("fit_excess") > 0
     assert prior.pop("floor_rejection_nats") >= 0.0  # measured; 'on' never drops the floor
     assert prior == {"t0": 2.0, "s1": 0.3, "width": 0.5, "floor": True, "from": str(path),
-                     "floor_rule": "on", "floor_rejected": False, "negligible_fitted": False,
+                     "floor_rule": "on", "floor_rejected": False, "texture": False,
                      "edge_concentration": None, "texture_threshold": 0.0}
     assert set(info["mle"]) == {"t0", "s1"}
     var_post = r.posterior_std.astype(np.float64) ** 2
@@ -231,12 +231,12 @@ def test_floor_rule_choices_and_their_decisions():
     assert all(floor_rejection(c) == math.inf for c in ("auto", "on", "off"))
     # fit_rule: the three together, as the pipeline and every offline refit pass them
     assert fit_rule("checked", FLOOR_EXCESS * 1.01, 0.2, 0.35) == {
-        "floor": True, "floor_reject": FLOOR_REJECT_NATS, "fit_negligible": True}
+        "floor": True, "floor_reject": FLOOR_REJECT_NATS, "texture": True}
     assert fit_rule("checked", 0.9, 0.5, 0.35) == {
-        "floor": False, "floor_reject": FLOOR_REJECT_NATS, "fit_negligible": False}
+        "floor": False, "floor_reject": FLOOR_REJECT_NATS, "texture": False}
     # no edge measurement, or no threshold: never a texture
-    assert not fit_rule("on", None, None, 0.35)["fit_negligible"]
-    assert not fit_rule("on", None, 0.2)["fit_negligible"]
+    assert not fit_rule("on", None, None, 0.35)["texture"]
+    assert not fit_rule("on", None, 0.2)["texture"]
     assert fit_rule("auto", 5.0, threshold=10.0)["floor"] is False
     assert fit_rule("off", 50.0)["floor_reject"] == math.inf
     with pytest.raises(InputError, match="heldout_calibration_floor"):
@@ -246,7 +246,8 @@ def test_floor_rule_choices_and_their_decisions():
 def test_texture_threshold_frees_the_negligible_coefficient_of_a_textured_image(scan, tmp_path):
     """``heldout_texture_threshold``: with the floor on and a calibration without ``t0``,
     ``t0`` is held at zero unless the image shown is textured (its edge concentration,
-    recorded, below the threshold); then it is fitted as the unfloored fit fits it."""
+    recorded, below the threshold); then both are the maximum likelihood's, the prior's
+    centre not pulling them, and the calibration bounds ``s1`` below."""
     path = str(ModelErrorCoefficients(0.0, 0.002, "calibrated").save(tmp_path / "c.json"))
 
     def run(floor, threshold):
@@ -265,10 +266,13 @@ def test_texture_threshold_frees_the_negligible_coefficient_of_a_textured_image(
     assert prior["edge_concentration"] == pytest.approx(
         edge_concentration(runs[0.999].reconstruction), rel=1e-6)
     assert prior["edge_concentration"] < 0.999 and prior["texture_threshold"] == 0.999
-    assert prior["negligible_fitted"] and not held["info"]["prior"]["negligible_fitted"]
-    # t0 fitted as without the floor; s1 still bounded below by the calibration
-    assert (freed["t0"], freed["s1"]) == pytest.approx((off["t0"], max(off["s1"], 0.002)),
+    assert prior["texture"] and not held["info"]["prior"]["texture"]
+    # the maximum likelihood (recorded beside it), s1 still bounded below by the calibration;
+    # the prior (width 0.5 around s1 = 0.002) pulls the unfloored fit's s1, not the texture's
+    mle = freed["info"]["mle"]
+    assert (freed["t0"], freed["s1"]) == pytest.approx((mle["t0"], max(mle["s1"], 0.002)),
                                                        rel=1e-6)
+    assert (off["t0"], off["s1"]) != pytest.approx((freed["t0"], freed["s1"]), rel=1e-3)
     # the presets: dip-64 (the 16-channel network's narrow calibration) only
     cfg = ctuq.ReconstructionConfig()
     assert cfg.resolve((64, 64))[1].heldout_texture_threshold == 0.35

@@ -186,11 +186,13 @@ class UncertaintyConfig:
         Held-out term, with the calibration as a floor: on an image whose
         :func:`~ctuq.recon.model_error.terms.edge_concentration` is below this
         (texture: its gradient spread over every pixel, not carried by a few
-        edges), a coefficient the calibration found negligible is fitted rather
-        than held at zero: the fit's error on a texture is everywhere, a
-        constant pixel error ``t0``, not only at the edges ``s1`` scales. 0:
-        never. Default 0; ``dip-64``: 0.35 (chosen on the validation split,
-        docs/defaults.md).
+        edges), both coefficients are the held-out projections' maximum
+        likelihood, the calibration only their lower bound: a coefficient it found
+        negligible is fitted rather than held at zero (the fit's error on a
+        texture is everywhere, a constant pixel error ``t0``, not only at the
+        edges ``s1`` scales) and its centre, fitted on piecewise-constant images,
+        does not pull them. 0: never. Default 0; ``dip-64``: 0.35 (chosen on the
+        validation split, docs/defaults.md).
     heldout_noise : str
         Held-out term: the noise variance the held-out residuals are read with.
         ``'given'``: the run's ``σ²``. ``'residual'``: ``σ²`` times the fit's
@@ -258,8 +260,9 @@ class UncertaintyConfig:
             "projections reject it), on, off.")
     heldout_texture_threshold: float = setting(
         0.0, kind=float, minimum=0, maximum=1.0,
-        doc="Held-out term: below this edge concentration of the image (texture) a "
-            "coefficient the calibration found negligible is fitted; 0: never.")
+        doc="Held-out term: below this edge concentration of the image (texture) the "
+            "coefficients are the held-out maximum likelihood, the calibration only "
+            "their floor; 0: never.")
     heldout_noise: str = setting(
         "residual", kind=str, choices=HELDOUT_NOISE_CHOICES,
         doc="Held-out term: noise variance of the held-out residuals: given (the run's), "

@@ -68,7 +68,8 @@ UNCERTAINTY_DEFAULTS: dict[str, dict] = {
     # pixel error t0; below edge concentration 0.35 (the photo crops 0.26-0.29, every
     # piecewise-constant validation image >= 0.42) t0 is fitted, not held at zero:
     # photos' worst image 88.0 -> 95.3 %, the other 36 validation scans unchanged
-    # (docs/dip.md §11)
+    # (docs/dip.md §11); since 2026-12-01 without the prior's pull on s1 either (17 photo
+    # crops: LL 4.187 -> 4.231, worst 88.0 -> 88.8 %; docs/defaults.md)
     # the rank grows (to 1600 at most) where a solve is still above tolerance after 100
     # iterations: the 16-channel network's first E-step on textured high-count scans made
     # no progress at rank 400 (relative residual 1.0), and the EM took its zero mode

@@ -349,7 +349,7 @@ class HeldoutLikelihood:
     def fit(self, prior: "ModelErrorCoefficients | None" = None, prior_width: float = 1.0, *,
             mle: "ModelErrorCoefficients | None" = None,
             floor: bool = False, floor_reject: float = math.inf,
-            fit_negligible: bool = False) -> "ModelErrorCoefficients":
+            texture: bool = False) -> "ModelErrorCoefficients":
         """Maximum likelihood, or maximum a posteriori under a log-normal prior.
 
         Parameters
@@ -382,12 +382,15 @@ class HeldoutLikelihood:
             piecewise-constant images the calibration's ``s1`` predicts several
             times the held-out residual they show; docs/defaults.md). Default
             ``inf``: never dropped.
-        fit_negligible : bool, optional
-            With ``floor``: a coefficient the calibration found negligible is
-            fitted (by maximum likelihood: it has no prior) instead of held at
-            zero; the others are floored as before. For an image whose error is
-            not where its edges are (texture: ``heldout_texture_threshold``,
-            :func:`~ctuq.recon.model_error.terms.edge_concentration`). Default False.
+        texture : bool, optional
+            The image is a texture (``heldout_texture_threshold``,
+            :func:`~ctuq.recon.model_error.terms.edge_concentration`): its error is
+            not where its edges are, and the calibration, made on piecewise-constant
+            images, is no estimate of it. Both coefficients are then fitted by maximum
+            likelihood (the prior's centre does not pull them); with ``floor`` a
+            coefficient the calibration found negligible is fitted instead of held
+            at zero, and the others keep the calibration as their lower bound.
+            Default False.
 
         Returns
         -------
@@ -417,7 +420,7 @@ class HeldoutLikelihood:
             return total, grad
 
         # with the floor, a coefficient the calibration found negligible is held at zero
-        held = [floor and not fit_negligible and centre is not None and c is None
+        held = [floor and not texture and centre is not None and c is None
                 for c in (centre or [None, None])]
 
         def search(with_prior: bool, held=(False, False)):
@@ -429,7 +432,8 @@ class HeldoutLikelihood:
                             options={"ftol": 1e-13, "gtol": 1e-8, "maxiter": 500})
             return [float(math.sqrt(v)) if v > _VAR_MIN else 0.0 for v in best.x], best.x
 
-        (t0, s1), v = search(centre is not None, held)
+        # a texture's coefficients are the projections' alone (the calibration only bounds them)
+        (t0, s1), v = search(centre is not None and not texture, held)
         # a covariance that is not positive definite anywhere the search went (a noise
         # variance near zero, rows far more than pixels) gives it no gradient: it stops
         # where it started, which is no fit; the calibration (or no model error) instead
@@ -464,7 +468,7 @@ class HeldoutLikelihood:
                                "floor_rejection_nats": None if rejection is None
                                else _finite(rejection),
                                "floor_rejected": bool(rejected),
-                               "negligible_fitted": bool(floor and fit_negligible)},
+                               "texture": bool(texture)},
                         mle={"t0": t0_ml, "s1": s1_ml})
         return ModelErrorCoefficients(t0, s1, HELDOUT, info=info)
 
@@ -630,7 +634,7 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
                 max_rows: int = 2048, seed: int = 0, prior: ModelErrorCoefficients | None = None,
                 prior_width: float = 1.0, ray_variance=None, correlation_length: float = 0.0,
                 keep: list | None = None, floor: bool = False, floor_reject: float = math.inf,
-                noise_scale: float = 1.0, fit_negligible: bool = False
+                noise_scale: float = 1.0, texture: bool = False
                 ) -> ModelErrorCoefficients:
     """Coefficients from the likelihood of held-out projections (the held-out term).
 
@@ -657,9 +661,9 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
     floor_reject : float, optional
         Nats by which the held-out projections must reject the floor for it to be
         dropped (:meth:`HeldoutLikelihood.fit`). Default ``inf`` (never).
-    fit_negligible : bool, optional
-        With ``floor``, a coefficient the calibration found negligible is fitted,
-        not held at zero (:meth:`HeldoutLikelihood.fit`). Default False.
+    texture : bool, optional
+        The image is a texture: fitted without the prior's pull, the calibration
+        a lower bound only (:meth:`HeldoutLikelihood.fit`). Default False.
     noise_scale
         As :func:`heldout_likelihood`.
     keep : list, optional
@@ -678,5 +682,5 @@ def fit_heldout(op, y, out_mask, x_hat_in, posterior_variance, noise_var: float,
     if keep is not None:
         keep.append(lik)
     return lik.fit(prior, prior_width, floor=floor, floor_reject=floor_reject,
-                   fit_negligible=fit_negligible)
+                   texture=texture)
 

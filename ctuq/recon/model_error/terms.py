@@ -65,8 +65,8 @@ __all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
            "CalibratedTerm", "ConformalTerm", "MODEL_ERROR_TERMS", "METHODS",
            "make_model_error", "coefficients_for", "heldout_prior", "shown_image",
            "FLOOR_CHOICES", "FLOOR_EXCESS", "FLOOR_REJECT_NATS", "fit_record",
-           "floor_applies", "floor_rejection", "fit_rule", "EDGE_SHARE", "edge_concentration", "textured",
-           "HELDOUT_NOISE_CHOICES", "heldout_noise_scale"]
+           "floor_applies", "floor_rejection", "fit_rule", "EDGE_SHARE", "edge_concentration",
+           "textured", "HELDOUT_NOISE_CHOICES", "heldout_noise_scale"]
 
 #: ``heldout_calibration_floor``: when the calibration is a lower bound of the held-out fit.
 FLOOR_CHOICES = ("checked", "auto", "on", "off")
@@ -203,12 +203,12 @@ def fit_rule(choice: str, excess: float | None, edges: float | None = None,
     -------
     dict
         ``floor`` (:func:`floor_applies`), ``floor_reject`` (:func:`floor_rejection`) and
-        ``fit_negligible`` (:func:`textured`): one mapping for the pipeline and for every
+        ``texture`` (:func:`textured`): one mapping for the pipeline and for every
         offline refit of kept likelihoods, so that a refit is the pipeline's fit.
     """
     return {"floor": floor_applies(choice, excess, threshold),
             "floor_reject": floor_rejection(choice),
-            "fit_negligible": textured(edges, texture_threshold)}
+            "texture": textured(edges, texture_threshold)}
 
 
 @dataclass
