@@ -442,3 +442,47 @@ def test_calibration_floor_is_dropped_where_the_projections_reject_it():
     assert c0.info["prior"]["floor_rejection_nats"] == 0.0
     assert not c0.info["prior"]["floor_rejected"]
     assert c0.s1 == lik.fit(low, prior_width=20.0, floor=True).s1
+
+
+def test_heldout_misfit_is_the_weighted_mean_square_on_the_left_out_rows_only():
+    from ctuq.recon.model_error.heldout import heldout_misfit
+
+    op = RayTransform(Geometry.parallel(16, n_angles=12), backend="matrix")
+    x = torch.as_tensor(ellipses(16, seed=5))
+    y = op(x).detach().double()
+    mask = me.heldout_split(12, 4)
+    gen = torch.Generator().manual_seed(0)
+    e = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    v = 0.5 + torch.rand(y.shape, generator=gen, dtype=torch.float64)
+    assert heldout_misfit(op, y, mask, x) == pytest.approx(0.0, abs=1e-9)  # exact data
+    rows = torch.as_tensor(mask)
+    want = float((e[rows] ** 2 / v[rows]).mean())  # dense, by hand
+    assert heldout_misfit(op, y + e, mask, x, v) == pytest.approx(want, rel=1e-5)
+    assert heldout_misfit(op, y + e, mask, x) == pytest.approx(float((e[rows] ** 2).mean()),
+                                                               rel=1e-5)
+    kept_changed = y + e
+    kept_changed[~rows] += 3.0  # the kept rows do not count
+    assert heldout_misfit(op, kept_changed, mask, x, v) == pytest.approx(want, rel=1e-5)
+    per = heldout_misfit(op, y + e, mask, x, v, per_angle=True)
+    assert per.shape == (int(mask.sum()),)
+    np.testing.assert_allclose(per, (e[rows] ** 2 / v[rows]).mean(dim=1).numpy(), rtol=1e-5)
+
+
+def test_preferred_input_needs_a_lead_on_the_left_out_angles_not_only_on_average():
+    from ctuq.recon.model_error.heldout import preferred_input
+
+    ref = np.array([1.0, 1.2, 0.9, 1.1, 1.0, 1.3, 0.8])
+    steady = ref - 0.05  # better on every angle by a little
+    lucky = ref.copy()
+    lucky[0] -= 0.7  # better on average, by one angle
+    chosen, t = preferred_input({"fbp": ref, "tv": steady, "lucky": lucky}, "fbp", 2.0)
+    assert chosen == "tv" and t["tv"] == 1e9  # the differences do not vary
+    d = ref - lucky
+    assert t["lucky"] == pytest.approx(d.mean() / (d.std(ddof=1) / math.sqrt(7)))
+    assert lucky.mean() < steady.mean() and t["lucky"] < 2.0
+    assert preferred_input({"fbp": ref, "lucky": lucky}, "fbp", 2.0)[0] == "fbp"
+    noisy = ref + np.array([-0.3, 0.2, -0.25, 0.3, -0.2, 0.1, -0.2])  # no clear lead
+    assert preferred_input({"fbp": ref, "tv": noisy}, "fbp", 2.0)[0] == "fbp"
+    worse = ref + 0.1
+    chosen, t = preferred_input({"fbp": ref, "tv": worse}, "fbp", 2.0)
+    assert chosen == "fbp" and t["tv"] == -1e9

@@ -13,9 +13,10 @@ import ctuq
 from ctuq.errors import InputError
 from ctuq.recon.config import UncertaintyConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
-from ctuq.recon.model_error.terms import (FLOOR_EXCESS, FLOOR_REJECT_NATS, edge_concentration,
-                                         fit_rule, floor_applies, floor_rejection,
-                                         heldout_noise_scale)
+from ctuq.recon.model_error.heldout import preferred_input
+from ctuq.recon.model_error.terms import (AUTO_INPUT_T, FLOOR_EXCESS, FLOOR_REJECT_NATS,
+                                         edge_concentration, fit_rule, floor_applies,
+                                         floor_rejection, heldout_noise_scale)
 
 from conftest import digit_sinogram
 
@@ -333,3 +334,57 @@ def test_a_shared_fit_records_the_held_out_fit_inside_the_dip_stage(scan, heldou
     assert "dip_heldout" not in heldout.provenance["stages"]["seconds"]
     assert heldout.provenance["stages"]["counts"]["dip_iterations"] == 60
     assert np.isfinite(shared.std).all() and shared.std.shape == (28, 28)
+
+
+def _auto_config(net_input, share):
+    return ctuq.ReconstructionConfig(
+        preset="reference-28", threads=1, dip={"iterations": 60, "net_input": net_input},
+        uncertainty={"em_steps": 1, "n_samples": 2, "predictive_samples": 16,
+                     "stored_samples": 0, "predcp": False, "preconditioner_rank": 8,
+                     "cg_max_iter": 40, "model_error": "heldout", "heldout_every": 4,
+                     "dip_from_heldout": share})
+
+
+@pytest.mark.parametrize("share", [0.5, 0.0])
+def test_auto_input_is_the_run_with_the_input_that_predicts_the_left_out_rows(scan, share):
+    auto = ctuq.reconstruct(scan, _auto_config("auto", share))
+    choice = auto.config["model_error"]["info"]["net_input"]
+    misfit, per = choice["heldout_misfit"], choice["per_angle"]
+    assert set(misfit) == {"fbp", "tv"} and all(0 < m < math.inf for m in misfit.values())
+    assert len(per["fbp"]) == len(per["tv"]) > 1  # one value per left-out angle
+    assert all(np.mean(per[k]) == pytest.approx(misfit[k]) for k in per)
+    assert (choice["chosen"], choice["t"]) == preferred_input(per, "fbp", AUTO_INPUT_T)
+    # the same as a run told that input: the held-out fit, the fit on all angles, the std
+    told = ctuq.reconstruct(scan, _auto_config(choice["chosen"], share))
+    np.testing.assert_allclose(auto.reconstruction, told.reconstruction, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(auto.std, told.std, rtol=1e-4)
+    counts = auto.provenance["stages"]["counts"]
+    assert counts["dip_heldout_iterations"] == 60
+    assert counts["dip_iterations"] == (30 if share else 60)
+    # both held-out fits are timed inside the DIP stage (without 'auto' and sharing, none is)
+    sec = auto.provenance["stages"]["seconds"]
+    told_held = told.provenance["stages"]["seconds"].get("dip_heldout", 0.0)
+    assert told_held < sec["dip_heldout"] <= sec["dip"]
+    assert "net_input" not in told.config["model_error"]["info"]
+
+
+def test_auto_input_without_the_held_out_fits_is_one_clear_error(scan):
+    cfg = ctuq.ReconstructionConfig(preset="reference-28", dip={"net_input": "auto"},
+                                    uncertainty={"model_error": "none"})
+    with pytest.raises(InputError, match="held-out fits") as err:
+        ctuq.reconstruct(scan, cfg)
+    assert err.value.field == "dip.net_input"
+
+
+def test_auto_fits_side_by_side_make_the_fits_made_one_after_the_other(scan):
+    two = _auto_config("auto", 0.5).merged({"threads": 2})  # the held-out fits side by side
+    one = ctuq.reconstruct(scan, _auto_config("auto", 0.5))
+    both = ctuq.reconstruct(scan, two)
+    a, b = (r.config["model_error"]["info"]["net_input"] for r in (one, both))
+    assert a["chosen"] == b["chosen"]
+    for name in ("fbp", "tv"):  # one thread each: the same held-out fits
+        np.testing.assert_allclose(b["per_angle"][name], a["per_angle"][name], rtol=1e-5)
+    # the fit on all angles then runs on two threads: equal up to float rounding
+    np.testing.assert_allclose(both.reconstruction, one.reconstruction, atol=1e-3)
+    sec = both.provenance["stages"]["seconds"]
+    assert 0 < sec["dip_heldout"] <= sec["dip"]  # the fits' wall time, not their sum

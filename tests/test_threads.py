@@ -116,3 +116,27 @@ def test_an_unpinned_run_records_its_thread_range_and_it_survives_the_file(tmp_p
     res.save(tmp_path / "r.h5")
     back = read_result(tmp_path / "r.h5").provenance
     assert list(back["threads_range"]) == prov["threads_range"]
+
+
+def test_side_by_side_runs_each_task_on_its_own_threads_and_restores_the_count():
+    import threading
+
+    before = torch.get_num_threads()
+    seen, barrier = {}, threading.Barrier(2, timeout=30)
+
+    def task(name):
+        barrier.wait()  # both tasks are running at the same time
+        seen[name] = (torch.get_num_threads(), threading.get_ident())
+        return float(torch.ones(64, 64).matmul(torch.ones(64, 1)).sum()), name
+
+    out = provenance.side_by_side([lambda: task("a"), lambda: task("b")], threads=4)
+    assert out == [(4096.0, "a"), (4096.0, "b")]  # results in the order given
+    assert seen["a"][0] == seen["b"][0] == 2 and seen["a"][1] != seen["b"][1]
+    assert torch.get_num_threads() == before
+
+    def fails():
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        provenance.side_by_side([lambda: 1, fails], threads=2)
+    assert torch.get_num_threads() == before

@@ -225,8 +225,10 @@ def result_methods(result, truth, calibration=None, suffix: str = "") -> dict:
     coefficients = {"heldout": {"t0": fitted["t0"], "s1": fitted["s1"],
                                 # whether the calibration bounded the fit, and what decided it
                                 **{k: prior[k] for k in ("floor", "fit_excess") if k in prior},
-                                # the factor on σ² the held-out residuals were read with
-                                **{k: info[k] for k in ("noise_scale",) if k in info}},
+                                # the factor on σ² the held-out residuals were read with,
+                                # and the input dip.net_input = 'auto' chose
+                                **{k: info[k] for k in ("noise_scale", "net_input")
+                                   if k in info}},
                     "heldout_mle": {"t0": co_mle.t0, "s1": co_mle.s1}}
     if calibration is not None:
         for name in (CALIBRATED, CONFORMAL):

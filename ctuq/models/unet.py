@@ -30,6 +30,7 @@ returns the ordered mapping block name → list of ``(parameter name, conv)``.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
 
@@ -442,6 +443,10 @@ def unet_preset(name_or_image_size) -> UNetConfig:
     return PRESETS[preset_name_for_size(name_or_image_size)]
 
 
+#: Held while a seeded network draws its weights (:func:`build_unet`).
+_SEEDED = threading.Lock()
+
+
 def build_unet(config: UNetConfig | str | int = "reference-28", *, seed: int | None = 0,
                device: str | torch.device = "cpu", **overrides) -> UNet:
     """Build a U-net with reproducibly seeded initial weights.
@@ -467,8 +472,8 @@ def build_unet(config: UNetConfig | str | int = "reference-28", *, seed: int | N
         config = config.with_(**overrides)
     if seed is None:
         net = UNet(config)
-    else:
-        with torch.random.fork_rng(devices=[]):
+    else:  # the lock: fits side by side on threads share torch's global RNG
+        with _SEEDED, torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
             net = UNet(config)
     return net.to(device)

@@ -30,6 +30,7 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -59,12 +60,20 @@ __all__ = [
     "save_weights",
     "load_weights",
     "resolve_device",
+    "AUTO_NET_INPUTS",
 ]
 
 log = logging.getLogger(__name__)
 
 #: The data terms of :func:`dip_tv_loss` (``dip.loss``).
 DIP_LOSSES = ("gaussian", "poisson")
+#: ``dip.net_input = AUTO``: the input is chosen among :data:`AUTO_NET_INPUTS` by the
+#: held-out fits (:class:`~ctuq.recon.model_error.terms.HeldoutTerm`).
+AUTO = "auto"
+#: The inputs ``'auto'`` chooses between, the first kept unless another is clearly better.
+AUTO_NET_INPUTS = ("fbp", "tv")
+#: The choices of ``dip.net_input``.
+NET_INPUTS = ("fbp", "tv", "noise", AUTO)
 
 
 def check_device(value: str) -> str:
@@ -130,11 +139,15 @@ class DIPConfig:
         presets; measured, docs/dip.md).
     clip_grad_norm : float or None
         Clip the gradient norm to this value (reference: 1). Default 1.
-    net_input : {'fbp', 'tv', 'noise'}
+    net_input : {'fbp', 'tv', 'noise', 'auto'}
         The fixed network input: the FBP of ``y`` (reference), the TV
         reconstruction of ``y`` at its default weight
         (:func:`~ctuq.recon.baselines.tv_reconstruction`, 1000 PDHG
-        iterations; docs/dip.md §14), or ``noise_std * randn``. Default ``'fbp'``.
+        iterations; docs/dip.md §14), or ``noise_std * randn``; ``'auto'``:
+        the TV input where its held-out fit predicts the left-out angles
+        clearly better than the FBP input's (a paired t-test over the
+        angles), else the FBP (only in a run with the held-out model error,
+        which makes those fits; docs/dip.md §15). Default ``'fbp'``.
     noise_std : float
         Std of the noise input. Default 0.1.
     seed : int
@@ -193,8 +206,9 @@ class DIPConfig:
                                       doc="TV weight = factor x noise std x column norm.")
     clip_grad_norm: float | None = setting(1.0, kind=float, greater_than=0, maximum=1e30,
                                            optional=True, doc="Gradient-norm clip.")
-    net_input: str = setting("fbp", kind=str, choices=("fbp", "tv", "noise"),
-                             doc="Fixed network input: fbp, tv or noise.")
+    net_input: str = setting("fbp", kind=str, choices=NET_INPUTS,
+                             doc="Fixed network input: fbp, tv, noise, or auto (tv where "
+                                 "it predicts held-out projections clearly better).")
     noise_std: float = setting(0.1, kind=float, minimum=0, maximum=1e6,
                                doc="Std of the noise input.")
     seed: int = setting(0, kind=int, minimum=0, maximum=2**63 - 1, doc="Seed of the fit.")
@@ -380,8 +394,12 @@ def make_net_input(y: Tensor, op, config: DIPConfig, device,
     seeded noise (:attr:`DIPConfig.net_input`).
 
     ``noise_std``: the noise std of ``y``, for the TV weight (estimated from ``y`` when
-    None; only ``'tv'`` uses it).
+    None; only ``'tv'`` uses it). ``'auto'`` is chosen by the held-out fits before a fit
+    runs (:mod:`ctuq.recon.model_error.shared`) and refused here.
     """
+    if config.net_input == AUTO:
+        raise InputError("'auto' is chosen by the held-out fits: it needs "
+                         "uncertainty.model_error = 'heldout'", field="dip.net_input")
     if config.net_input in ("fbp", "tv"):
         with torch.no_grad():
             y = y.reshape(op.geometry.range_shape)
@@ -748,8 +766,12 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
     log.info("DIP fit: %s, %d iterations, lr %.3g, gamma %.3g, input %s, device %s",
              model.extra_repr(), n_iter, config.lr, gamma, config.net_input, device)
     cuda_devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda_devices):
-        torch.manual_seed(int(config.seed) + 1)  # dropout masks
+    # dropout masks come from the global RNG, seeded here; without dropout it is left
+    # alone (fits side by side on threads share it: ctuq.recon.provenance.side_by_side)
+    with (torch.random.fork_rng(devices=cuda_devices) if config.dropout
+          else contextlib.nullcontext()):
+        if config.dropout:
+            torch.manual_seed(int(config.seed) + 1)
         model.train()
         if device.type == "cuda" and config.cuda_graph and n_iter > _GRAPH_WARMUP:
             initial = {k: v.clone() for k, v in model.state_dict().items()}
@@ -762,7 +784,8 @@ def fit_dip(y, op, config: DIPConfig | None = None, *, noise_std: float | None =
                             "loop", type(err).__name__, err)
                 torch.cuda.synchronize(device)
                 model.load_state_dict(initial)
-                torch.manual_seed(int(config.seed) + 1)
+                if config.dropout:
+                    torch.manual_seed(int(config.seed) + 1)
                 hist, best_loss, best_iter, best_state, best_out = fit.run_plain()
         else:
             hist, best_loss, best_iter, best_state, best_out = fit.run_plain()

@@ -424,7 +424,8 @@ def stage_record(s: _Slice) -> dict:
     ``em``, ``predictive``... where it reports them), ``model_error``,
     ``consistency``, ``metrics``, ``total``; ``dip_heldout``, the part of
     ``dip`` that the held-out fit took when the fit on all angles continued
-    from it (``dip_from_heldout``); a stage loaded from a checkpoint
+    from it (``dip_from_heldout``; both held-out fits with ``dip.net_input =
+    'auto'``); a stage loaded from a checkpoint
     counts its own recorded seconds. ``counts``: ``dip_iterations`` (and
     ``dip_heldout_iterations``),
     ``em_steps`` and ``solver_iterations`` / ``cg_iterations`` (summed over the
@@ -444,7 +445,7 @@ def stage_record(s: _Slice) -> dict:
         counts["dip_iterations"] = int(max(lengths))
     held = s.term.shared_fit() if s.term is not None else None
     if held is not None:  # the held-out fit ran first, inside the "dip" stage
-        seconds["dip_heldout"] = float(held.wall_time)
+        seconds["dip_heldout"] = s.term.first_fit_seconds()  # every input 'auto' tried
         counts["dip_heldout_iterations"] = int(len(held.loss_history["loss"]))
     trace = s.outcome.trace if s.outcome is not None else []
     steps = (s.outcome.hyperparameters or {}).get("em_steps") if s.outcome is not None else None

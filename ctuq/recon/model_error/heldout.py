@@ -19,8 +19,9 @@ from ctuq.recon.model_error.names import HELDOUT
 
 log = logging.getLogger(__name__)
 
-__all__ = ["heldout_split", "heldout_fit", "kept_rows", "heldout_step_length",
-           "HeldoutLikelihood", "heldout_likelihood", "fit_heldout", "correlated_rows"]
+__all__ = ["heldout_split", "heldout_fit", "heldout_data", "HeldoutData", "kept_rows",
+           "heldout_step_length", "heldout_misfit", "preferred_input", "HeldoutLikelihood",
+           "heldout_likelihood", "fit_heldout", "correlated_rows"]
 
 
 def heldout_split(n_angles: int, every: int, min_out: int = 0) -> np.ndarray:
@@ -66,7 +67,7 @@ def _every_kth(n_angles: int, every: int) -> np.ndarray:
 
 def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
                 noise_std: float | None = None, ray_variance=None, progress=None,
-                cancel=None, monitor=None):
+                cancel=None, monitor=None, data: "HeldoutData | None" = None):
     """The DIP fit without every ``every``-th angle, for :func:`fit_heldout`.
 
     The network input is made from the kept angles only, so nothing of the
@@ -97,6 +98,9 @@ def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
         Progress events carry the stage ``'model error'``.
     monitor : callable, optional
         ``monitor(iteration, image)`` as in :func:`ctuq.recon.dip.fit_dip`.
+    data : HeldoutData, optional
+        :func:`heldout_data` of the same arguments, made beforehand. Default:
+        made here.
 
     Returns
     -------
@@ -106,19 +110,54 @@ def heldout_fit(y, op, dip_config, *, every: int = 6, min_out: int = 0,
     """
     from ctuq.recon.dip import fit_dip
 
+    data = data or heldout_data(y, op, dip_config, every=every, min_out=min_out,
+                                noise_std=noise_std, ray_variance=ray_variance)
+    dip = fit_dip(data.y, data.op, dip_config, noise_std=noise_std,
+                  ray_variance=data.ray_variance, progress=progress, cancel=cancel,
+                  stage="model error", net_input=data.net_input, monitor=monitor)
+    return data.out_mask, dip
+
+
+@dataclass
+class HeldoutData:
+    """What a held-out fit is made from (:func:`heldout_data`)."""
+
+    #: ndarray of bool, shape (n_angles,): the left-out angles.
+    out_mask: np.ndarray
+    #: The operator of the kept angles.
+    op: object
+    #: Tensor, shape (n_kept, n_detector): their data.
+    y: torch.Tensor
+    #: Tensor or None: their count noise model's ``v``.
+    ray_variance: torch.Tensor | None
+    #: Tensor, shape (H, W), or None (``'noise'``: the fit seeds its own).
+    net_input: torch.Tensor | None
+
+
+def heldout_data(y, op, dip_config, *, every: int = 6, min_out: int = 0,
+                 noise_std: float | None = None, ray_variance=None) -> HeldoutData:
+    """The kept rows and the network input of a held-out fit (:func:`heldout_fit`).
+
+    Made apart from the fit so that fits of several inputs can run side by side
+    with everything that builds operators or calls ODL done first, in one thread.
+    The input comes from the kept angles only: the FBP of the whole angle grid
+    with the left-out rows set to zero, scaled by ``n_angles / n_kept``
+    (``'fbp'``), or the TV reconstruction of the kept rows (``'tv'``).
+    """
+    from ctuq.recon.dip import make_net_input
+
     out_mask = heldout_split(op.geometry.n_angles, every, min_out)
     y = torch.as_tensor(y, dtype=torch.float32).reshape(op.geometry.range_shape).to(op.device)
-    net_input = None  # 'tv', 'noise': the fit's own input, from the kept rows only
+    op_in, y_in, v_in = kept_rows(op, y, out_mask, ray_variance)
+    net_input = None  # 'noise': the fit's own seeded input
     if dip_config.net_input == "fbp":
         zero_filled = y.clone()
         zero_filled[torch.as_tensor(out_mask).to(y.device)] = 0
         with torch.no_grad():
             net_input = op.fbp(zero_filled) * (op.geometry.n_angles / int((~out_mask).sum()))
-    op_in, y_in, v_in = kept_rows(op, y, out_mask, ray_variance)
-    dip = fit_dip(y_in, op_in, dip_config, noise_std=noise_std,
-                  ray_variance=v_in, progress=progress, cancel=cancel, stage="model error",
-                  net_input=net_input, monitor=monitor)
-    return out_mask, dip
+    elif dip_config.net_input == "tv":
+        net_input = make_net_input(y_in, op_in, dip_config, op_in.device, noise_std)[0, 0]
+    return HeldoutData(out_mask, op_in, y_in, v_in, net_input)
 
 
 def kept_rows(op, y, out_mask, ray_variance=None):
@@ -143,6 +182,91 @@ def kept_rows(op, y, out_mask, ray_variance=None):
     v_in = None if ray_variance is None else torch.as_tensor(
         ray_variance, dtype=torch.float32).reshape(geometry.range_shape)[keep]
     return op_in, y[keep.to(y.device)], v_in
+
+
+def heldout_misfit(op, y, out_mask, x_in, ray_variance=None, *, per_angle: bool = False):
+    """How well ``x_in`` predicts the left-out rows: ``mean(w · (y_out − A_out x_in)²)``.
+
+    ``w = 1 / v`` with the count noise model's per-ray variances, else 1; in
+    the unit of ``y²`` (the noise variance ``σ²`` is common to every image
+    scored on the same rows, so it is left out). Used to choose between fits
+    that differ in a setting (``dip.net_input = 'auto'``).
+
+    Parameters
+    ----------
+    op : RayTransform
+        The operator of all angles.
+    y : Tensor, shape (n_angles, n_detector)
+    out_mask : array of bool, shape (n_angles,)
+        The left-out angles (:func:`heldout_split`).
+    x_in : Tensor, shape (H, W)
+        An image made without the left-out rows.
+    ray_variance : Tensor, optional
+        ``v``, shape (n_angles, n_detector). Default None (every ray alike).
+    per_angle : bool, optional
+        Return the mean of each left-out angle instead. Default False.
+
+    Returns
+    -------
+    float, or ndarray of shape (n_out,) with ``per_angle``
+    """
+    r, w = _left_out_residual(op, y, out_mask, x_in, ray_variance)
+    if per_angle:
+        return (w * r * r).mean(dim=1).cpu().numpy()
+    return float((w * r * r).mean())
+
+
+def _left_out_residual(op, y, out_mask, x, ray_variance=None):
+    """``(y − A x)`` on the left-out rows and their weights ``1 / v`` (1 without ``v``),
+    float64, shape (n_out, n_detector)."""
+    rows = torch.as_tensor(np.asarray(out_mask, dtype=bool))
+    with torch.no_grad():
+        ax = op.A(torch.as_tensor(x, dtype=torch.float32).to(op.device))
+    y = torch.as_tensor(y).reshape(ax.shape).to(ax)
+    r = (y - ax)[rows.to(ax.device)].double()
+    w = torch.ones_like(r) if ray_variance is None else 1.0 / torch.as_tensor(
+        ray_variance).reshape(ax.shape)[rows].to(r)
+    return r, w
+
+
+def preferred_input(per_angle: dict, reference: str, t_min: float) -> tuple[str, dict]:
+    """The input whose held-out fit predicts the left-out angles clearly better than
+    ``reference``'s, else ``reference``.
+
+    For each other input, the paired differences ``d_a = m_ref,a − m_a`` of the
+    per-angle misfits (:func:`heldout_misfit` with ``per_angle``) give ``t =
+    mean(d) / (std(d) / √n)``, a one-sided paired t statistic over the ``n``
+    left-out angles; the input of the largest ``t`` is taken when that ``t``
+    exceeds ``t_min``. A lower mean misfit alone is not enough: the left-out
+    angles share the noise and the object, and on scans not drawn on the pixel
+    grid a small lead in projection space can come with a worse image.
+
+    Parameters
+    ----------
+    per_angle : dict of str to array of shape (n,)
+        The per-angle misfits of each input's held-out fit (the same angles).
+    reference : str
+        The input kept unless another is clearly better (a key of ``per_angle``).
+    t_min : float
+        The threshold on ``t``.
+
+    Returns
+    -------
+    chosen : str
+    t : dict of str to float
+        ``t`` of every input but ``reference`` (±1e9 where the differences do not vary).
+    """
+    ref = np.asarray(per_angle[reference], dtype=np.float64)
+    t = {}
+    for name, m in per_angle.items():
+        if name == reference:
+            continue
+        d = ref - np.asarray(m, dtype=np.float64)
+        se = float(d.std(ddof=1)) / math.sqrt(d.size) if d.size > 1 else 0.0
+        t[name] = float(d.mean()) / se if se > 0 else math.copysign(1e9, float(d.mean()))
+        t[name] = float(np.clip(t[name], -1e9, 1e9))
+    best = max(t, key=t.get) if t else reference
+    return (best if t and t[best] > t_min else reference), t
 
 
 def heldout_step_length(op, y, out_mask, x_in, step_in, ray_variance=None) -> float:
@@ -171,15 +295,9 @@ def heldout_step_length(op, y, out_mask, x_in, step_in, ray_variance=None) -> fl
     float
         In ``[0, 1]``; 0 when the step does not reach the left-out rows.
     """
-    rows = torch.as_tensor(np.asarray(out_mask, dtype=bool))
-    with torch.no_grad():
-        ax = op.A(torch.as_tensor(x_in, dtype=torch.float32).to(op.device))
-        ad = op.A(torch.as_tensor(step_in, dtype=torch.float32).to(op.device))
-    y = torch.as_tensor(y).reshape(ax.shape).to(ax)
-    r = (y - ax)[rows.to(ax.device)].double()
-    q = ad[rows.to(ad.device)].double()
-    w = torch.ones_like(q) if ray_variance is None else 1.0 / torch.as_tensor(
-        ray_variance).reshape(ax.shape)[rows].to(q)
+    r, w = _left_out_residual(op, y, out_mask, x_in, ray_variance)
+    q, _ = _left_out_residual(op, torch.zeros_like(torch.as_tensor(y, dtype=torch.float32)),
+                              out_mask, -torch.as_tensor(step_in), None)  # A_out step
     qq = float((w * q * q).sum())
     if not qq > 0:
         return 0.0

@@ -7,7 +7,9 @@ times the DIP iterations, with a fresh optimiser, on the last ``f`` of the
 fit's own learning-rate schedule (:func:`continued_config`). The held-out
 residual stays honest: the fit that predicts the held-out rows has never
 seen them. Otherwise the fit on all angles is the
-usual one from the seeded initialisation.
+usual one from the seeded initialisation. With ``dip.net_input = 'auto'`` the
+held-out term fits once per candidate input first and the fit on all angles takes
+the input whose held-out fit predicted the left-out rows best (docs/dip.md §15).
 """
 
 from __future__ import annotations
@@ -26,22 +28,27 @@ def dip_fit(problem, term=None, *, progress=None, cancel=None):
         The run's model-error term; only a term that makes a fit first
         (``makes_fit_first``, the held-out one:
         :meth:`~ctuq.recon.model_error.terms.ModelErrorTerm.fit_first`) shares
-        it, and only when ``dip_from_heldout > 0``.
+        it, and only when ``dip_from_heldout > 0`` or ``dip.net_input = 'auto'``.
     progress, cancel : callable, optional
     """
-    from ctuq.recon.dip import fit_dip
+    from ctuq.recon.dip import AUTO, fit_dip
 
     share = float(problem.uncertainty.dip_from_heldout)
+    auto = problem.dip.net_input == AUTO  # the held-out fits choose the input
     held = (term.fit_first(problem, progress=progress, cancel=cancel)
-            if share > 0 and term is not None and term.makes_fit_first else None)
+            if (share > 0 or auto) and term is not None and term.makes_fit_first else None)
     if held is None:
         return fit_dip(problem.y, problem.op, problem.dip, noise_std=problem.noise.std,
                        ray_variance=problem.noise.ray_variance, progress=progress,
                        cancel=cancel)
-    config = continued_config(problem.dip, share)
-    return fit_dip(problem.y, problem.op, config, noise_std=problem.noise.std,
-                   ray_variance=problem.noise.ray_variance, progress=progress, cancel=cancel,
-                   init_state=held.state_dict)
+    config = problem.dip.with_(net_input=held.config.net_input)  # as 'auto' chose
+    if share <= 0:  # a fit of its own, on the chosen input
+        return fit_dip(problem.y, problem.op, config, noise_std=problem.noise.std,
+                       ray_variance=problem.noise.ray_variance, progress=progress,
+                       cancel=cancel)
+    return fit_dip(problem.y, problem.op, continued_config(config, share),
+                   noise_std=problem.noise.std, ray_variance=problem.noise.ray_variance,
+                   progress=progress, cancel=cancel, init_state=held.state_dict)
 
 
 def continued_config(dip_config, share: float):
