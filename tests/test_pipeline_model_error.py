@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ctuq
+from ctuq.app.batch import net_input_note
 from ctuq.errors import InputError
 from ctuq.recon.config import UncertaintyConfig
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
@@ -356,6 +357,10 @@ def test_auto_input_is_the_run_with_the_input_that_predicts_the_left_out_rows(sc
     assert (choice["chosen"], choice["t"]) == preferred_input(per, "fbp", AUTO_INPUT_T)
     # the same as a run told that input: the held-out fit, the fit on all angles, the std
     told = ctuq.reconstruct(scan, _auto_config(choice["chosen"], share))
+    # what `ctuq info` says of it
+    note = net_input_note(auto.config)
+    assert note.startswith({"fbp": "FBP (auto", "tv": "TV image (auto"}[choice["chosen"]])
+    assert f"t {choice['t']['tv']:.2f}" in note and net_input_note(told.config) is None
     np.testing.assert_allclose(auto.reconstruction, told.reconstruction, rtol=0, atol=1e-6)
     np.testing.assert_allclose(auto.std, told.std, rtol=1e-4)
     counts = auto.provenance["stages"]["counts"]

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
 from rich.table import Column, Table
 from rich.text import Text
 
-from ctuq.app.batch import shown_image_note
+from ctuq.app.batch import net_input_note, shown_image_note
 
 #: stderr: progress, errors, notes. stdout: tables and results.
 err_console = Console(stderr=True, markup=False, emoji=False, highlight=False)
@@ -317,6 +317,9 @@ def result_rows(r) -> list[tuple[str, str]]:
         image = shown_image_note(r.config)
         if image:  # the image is not the DIP output: say which, and how far
             rows.append(("reconstruction", image))
+        chosen = net_input_note(r.config)
+        if chosen:  # dip.net_input = 'auto': what the held-out fits chose
+            rows.append(("network input", chosen))
     rows += _hyperparameter_rows(r.hyperparameters, r.em_trace)
     rows += _metric_rows(r.metrics)
     rows += diagnostic_rows(r.diagnostics, r.residual)

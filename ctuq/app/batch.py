@@ -424,6 +424,27 @@ def shown_image_note(config: dict | None) -> str | None:
             + (f", length {length:.2f})" if length is not None else ")"))
 
 
+def net_input_note(config: dict | None) -> str | None:
+    """Which input ``dip.net_input = 'auto'`` gave the network, from a result's record.
+
+    ``'TV image (auto: its held-out fit predicted the left-out angles better, t 4.12 >
+    2)'``; None where the input was set, not chosen (it is in the settings).
+    """
+    choice = (((config or {}).get("model_error") or {}).get("info") or {}).get("net_input")
+    if not isinstance(choice, dict) or "chosen" not in choice:
+        return None
+    t = max((choice.get("t") or {}).values(), default=None)
+    t_min = choice.get("t_min")
+    chosen = {"fbp": "FBP", "tv": "TV image"}.get(choice["chosen"], choice["chosen"])
+    if t is None or t_min is None:
+        return f"{chosen} (auto)"
+    if choice["chosen"] == "fbp":
+        return f"{chosen} (auto: the TV input's held-out fit not clearly better, t {t:.2f} ≤ " \
+               f"{t_min:g})"
+    return f"{chosen} (auto: its held-out fit predicted the left-out angles better, " \
+           f"t {t:.2f} > {t_min:g})"
+
+
 def _dask_task(input_path, out_path, config, overwrite, run_id=None):
     """Runs on a worker: forwards progress events to the client through a queue."""
     from distributed import Queue, get_worker
