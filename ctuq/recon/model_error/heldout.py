@@ -216,16 +216,23 @@ def heldout_misfit(op, y, out_mask, x_in, ray_variance=None, *, per_angle: bool 
     return float((w * r * r).mean())
 
 
+def _left_out_projection(op, out_mask, x):
+    """``A x`` on the left-out rows, in the operator's float32, shape (n_out, n_detector)."""
+    rows = torch.as_tensor(np.asarray(out_mask, dtype=bool))
+    with torch.no_grad():
+        ax = op.A(torch.as_tensor(x, dtype=torch.float32).to(op.device))
+    return ax[rows.to(ax.device)]
+
+
 def _left_out_residual(op, y, out_mask, x, ray_variance=None):
     """``(y − A x)`` on the left-out rows and their weights ``1 / v`` (1 without ``v``),
     float64, shape (n_out, n_detector)."""
     rows = torch.as_tensor(np.asarray(out_mask, dtype=bool))
-    with torch.no_grad():
-        ax = op.A(torch.as_tensor(x, dtype=torch.float32).to(op.device))
-    y = torch.as_tensor(y).reshape(ax.shape).to(ax)
-    r = (y - ax)[rows.to(ax.device)].double()
+    ax = _left_out_projection(op, out_mask, x)
+    shape = op.geometry.range_shape
+    r = (torch.as_tensor(y).reshape(shape).to(ax)[rows.to(ax.device)] - ax).double()
     w = torch.ones_like(r) if ray_variance is None else 1.0 / torch.as_tensor(
-        ray_variance).reshape(ax.shape)[rows].to(r)
+        ray_variance).reshape(shape)[rows].to(r)
     return r, w
 
 
@@ -296,8 +303,7 @@ def heldout_step_length(op, y, out_mask, x_in, step_in, ray_variance=None) -> fl
         In ``[0, 1]``; 0 when the step does not reach the left-out rows.
     """
     r, w = _left_out_residual(op, y, out_mask, x_in, ray_variance)
-    q, _ = _left_out_residual(op, torch.zeros_like(torch.as_tensor(y, dtype=torch.float32)),
-                              out_mask, -torch.as_tensor(step_in), None)  # A_out step
+    q = _left_out_projection(op, out_mask, step_in).double()
     qq = float((w * q * q).sum())
     if not qq > 0:
         return 0.0

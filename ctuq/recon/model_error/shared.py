@@ -37,18 +37,14 @@ def dip_fit(problem, term=None, *, progress=None, cancel=None):
     auto = problem.dip.net_input == AUTO  # the held-out fits choose the input
     held = (term.fit_first(problem, progress=progress, cancel=cancel)
             if (share > 0 or auto) and term is not None and term.makes_fit_first else None)
-    if held is None:
-        return fit_dip(problem.y, problem.op, problem.dip, noise_std=problem.noise.std,
-                       ray_variance=problem.noise.ray_variance, progress=progress,
-                       cancel=cancel)
-    config = problem.dip.with_(net_input=held.config.net_input)  # as 'auto' chose
-    if share <= 0:  # a fit of its own, on the chosen input
-        return fit_dip(problem.y, problem.op, config, noise_std=problem.noise.std,
-                       ray_variance=problem.noise.ray_variance, progress=progress,
-                       cancel=cancel)
-    return fit_dip(problem.y, problem.op, continued_config(config, share),
-                   noise_std=problem.noise.std, ray_variance=problem.noise.ray_variance,
-                   progress=progress, cancel=cancel, init_state=held.state_dict)
+    config, init_state = problem.dip, None
+    if held is not None:
+        config = config.with_(net_input=held.config.net_input)  # as 'auto' chose
+        if share > 0:  # continued from the held-out fit; else a fit of its own
+            config, init_state = continued_config(config, share), held.state_dict
+    return fit_dip(problem.y, problem.op, config, noise_std=problem.noise.std,
+                   ray_variance=problem.noise.ray_variance, progress=progress, cancel=cancel,
+                   init_state=init_state)
 
 
 def continued_config(dip_config, share: float):

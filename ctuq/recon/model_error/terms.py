@@ -60,8 +60,8 @@ from ctuq.recon.model_error.coefficients import ModelErrorCoefficients, shipped_
 from ctuq.recon.model_error.heldout import (fit_heldout, heldout_data, heldout_fit,
                                             heldout_misfit, heldout_step_length, kept_rows,
                                             preferred_input)
-from ctuq.recon.provenance import side_by_side
 from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT, NONE
+from ctuq.recon.provenance import side_by_side
 
 __all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
            "CalibratedTerm", "ConformalTerm", "MODEL_ERROR_TERMS", "METHODS",
@@ -420,13 +420,12 @@ class HeldoutTerm(ModelErrorTerm):
 
         threads, t0 = torch.get_num_threads(), time.perf_counter()
         if len(inputs) > 1 and threads >= len(inputs) and fits_side_by_side(problem.op, dip):
-            # the first fit reports progress; a thread governor behind it sets the thread
-            # count, which its own task then sets back
-            each = max(1, threads // len(inputs))
-
+            # the first fit reports progress; a thread governor behind it may set the
+            # thread count, which its task then sets back to its own share
             def report(stage, step, total, message=""):  # keywords: emit_progress's style
+                own = torch.get_num_threads()
                 emit_progress(progress, stage, step, total, message)
-                torch.set_num_threads(each)
+                torch.set_num_threads(own)
 
             results = side_by_side([lambda n=name, r=(report if i == 0 else None): fit(n, r)
                                     for i, name in enumerate(inputs)], threads)
