@@ -61,7 +61,7 @@ from ctuq.data.io.options import GeometryOptions, ReadOptions
 from ctuq.errors import InputError
 from ctuq.fields import build, setting, specs, validate
 from ctuq.models.unet import PRESETS, preset_name_for_size
-from ctuq.recon.dip import AUTO, DIPConfig, check_device
+from ctuq.recon.dip import AUTO, AUTO_NEEDS_HELDOUT, DIPConfig, check_device
 from ctuq.recon.methods.laplace import LaplaceMethod, LaplaceSettings
 from ctuq.recon.model_error.names import HELDOUT
 from ctuq.recon.model_error.terms import (FLOOR_CHOICES, HELDOUT_NOISE_CHOICES,
@@ -665,7 +665,6 @@ class ReconstructionConfig:
         except TypeError as err:  # a value of the wrong type reached a dataclass
             raise InputError(str(err), field="config") from None
         if dip.net_input == AUTO and unc.model_error != HELDOUT:
-            raise InputError(f"'auto' is chosen by the held-out fits: it needs "
-                             f"uncertainty.model_error = {HELDOUT!r}, got {unc.model_error!r}",
+            raise InputError(f"{AUTO_NEEDS_HELDOUT}, got {unc.model_error!r}",
                              field="dip.net_input")
         return dip, unc

@@ -61,6 +61,7 @@ __all__ = [
     "load_weights",
     "resolve_device",
     "AUTO_NET_INPUTS",
+    "AUTO_NEEDS_HELDOUT",
 ]
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,9 @@ DIP_LOSSES = ("gaussian", "poisson")
 AUTO = "auto"
 #: The inputs ``'auto'`` chooses between, the first kept unless another is clearly better.
 AUTO_NET_INPUTS = ("fbp", "tv")
+#: Why ``'auto'`` is refused without the held-out model error (config and direct fits).
+AUTO_NEEDS_HELDOUT = ("'auto' is chosen by the held-out fits: it needs "
+                      "uncertainty.model_error = 'heldout'")
 #: The choices of ``dip.net_input``.
 NET_INPUTS = ("fbp", "tv", "noise", AUTO)
 
@@ -398,8 +402,7 @@ def make_net_input(y: Tensor, op, config: DIPConfig, device,
     runs (:mod:`ctuq.recon.model_error.shared`) and refused here.
     """
     if config.net_input == AUTO:
-        raise InputError("'auto' is chosen by the held-out fits: it needs "
-                         "uncertainty.model_error = 'heldout'", field="dip.net_input")
+        raise InputError(AUTO_NEEDS_HELDOUT, field="dip.net_input")
     if config.net_input in ("fbp", "tv"):
         with torch.no_grad():
             y = y.reshape(op.geometry.range_shape)
