@@ -758,9 +758,11 @@ def test_a_step_whose_solves_stall_does_not_lower_the_learned_noise(problem):
 def test_the_cg_samples_data_residual_is_nearer_the_exact_one(problem, noise_div):
     """``ỹ − Φθ*`` at the E-step: the CG sampler's ``σ² v`` (``v`` its solve of
     ``K v = ỹ``) against the exact ``σ² K⁻¹ỹ`` from the dense ``K``, at the problem's
-    noise and 25× less variance (Φθ* nearly ỹ). At the tolerances 1e-2 and 1e-3 it is
-    at least twice as near as ``ỹ − Φθ*`` recomputed from the same solve's ``θ*``, which
-    carries the solve's residual (measured: 4× and 3×), and the E-step statistics use it."""
+    noise and 25× less variance (Φθ* nearly ỹ). At the tolerances 1e-2 and 1e-3 it is,
+    averaged over four draws, at least twice as near as ``ỹ − Φθ*`` recomputed from the
+    same solve's ``θ*``, which carries the solve's residual, and the E-step statistics
+    use it. One draw is not enough: where the CG stops moves with the draw and the
+    machine's float32 sums (measured per draw: 1.2× to 13×; over four, 2.5× to 7×)."""
     from ctuq.posterior.mstep import estep_statistics
 
     s2 = problem.sigma**2 / noise_div
@@ -768,12 +770,16 @@ def test_the_cg_samples_data_residual_is_nearer_the_exact_one(problem, noise_div
     K = _dense_kernel(problem.lik, prior, s2)
     exact = s2 * torch.linalg.solve(K, problem.lik.target.reshape(-1).double())
     for tol in (1e-2, 1e-3):
-        sample = CGSampler(CGOptions(precond_rank=50, tol=tol, true_residual=False)).sample(
-            problem.lik, prior, s2, 2, generator=torch.Generator().manual_seed(2))
-        dual = sample.data_residual.reshape(-1).double()
-        primal = (problem.lik.target - problem.lik.phi(sample.theta_star)).reshape(-1).double()
-        assert float((dual - exact).norm()) < 0.5 * float((primal - exact).norm())
-    assert float((dual - exact).norm()) < 0.03 * float(exact.norm())
+        dual_err, primal_err = [], []
+        for seed in range(2, 6):
+            sample = CGSampler(CGOptions(precond_rank=50, tol=tol, true_residual=False)).sample(
+                problem.lik, prior, s2, 2, generator=torch.Generator().manual_seed(seed))
+            dual = sample.data_residual.reshape(-1).double()
+            primal = (problem.lik.target - problem.lik.phi(sample.theta_star)).reshape(-1).double()
+            dual_err.append(float((dual - exact).norm()))
+            primal_err.append(float((primal - exact).norm()))
+        assert sum(dual_err) < 0.5 * sum(primal_err)
+    assert max(dual_err) < 0.03 * float(exact.norm())
     stats = estep_statistics(problem.lik, prior, s2, sample.theta_star, sample.z,
                              "matheron", sample.theta0, sample.data_residual)
     assert stats.residual_sq == pytest.approx(float(dual.square().sum()), rel=1e-6)
