@@ -8,6 +8,7 @@ import math
 import h5py
 import numpy as np
 import pytest
+import torch
 
 import ctuq
 from ctuq.app.batch import net_input_note
@@ -393,3 +394,68 @@ def test_auto_fits_side_by_side_make_the_fits_made_one_after_the_other(scan):
     np.testing.assert_allclose(both.reconstruction, one.reconstruction, atol=1e-3)
     sec = both.provenance["stages"]["seconds"]
     assert 0 < sec["dip_heldout"] <= sec["dip"]  # the fits' wall time, not their sum
+
+
+def test_the_held_out_fit_beside_the_fit_on_all_angles(scan, heldout):
+    """Two separate fits, a known noise level, two threads: the held-out fit runs beside
+    the fit on all angles, one thread each, and the fit on all angles is the one-thread
+    run's. (The EM then runs on two threads; this test's capped solves make its std
+    move with the thread count, so the held-out coefficients are compared in the next
+    test, on one thread.)"""
+    two = ctuq.reconstruct(scan, _config(model_error="heldout", heldout_every=4)
+                           .merged({"threads": 2}))
+    assert two.config["model_error"]["info"]["fit_beside"] is True
+    assert "fit_beside" not in heldout.config["model_error"]["info"]
+    np.testing.assert_array_equal(two.reconstruction, heldout.reconstruction)
+    stages = two.provenance["stages"]
+    assert 0 < stages["seconds"]["dip_heldout"] <= stages["seconds"]["dip"]
+    assert stages["counts"]["dip_heldout_iterations"] == 60
+    assert np.isfinite(two.std).all() and (two.model_error_std > 0).any()
+
+
+def test_the_beside_fit_is_the_fit_the_term_would_make_and_only_where_it_can_be():
+    """The term's held-out fit made beside (here: called first, on this thread) gives
+    the coefficients of the fit it makes after the method; a noise level the method
+    changed, an unknown one, one thread, a continued fit, or ``heldout_beside = false``
+    make no beside fit."""
+    from ctuq.recon.model_error import make_model_error
+    from ctuq.recon.problem import ReconstructionProblem
+    from ctuq.recon.provenance import torch_threads
+
+    def problem_of(noise_std, **unc):
+        cfg = ctuq.ReconstructionConfig(seed=0, device="cpu", threads=2, noise_std=noise_std,
+                                        dip={"iterations": 30},
+                                        uncertainty={"model_error": "heldout",
+                                                     "dip_from_heldout": 0.0, **unc})
+        sino = digit_sinogram(24)
+        if noise_std is None:
+            sino.meta.pop("noise_std", None)
+        return ReconstructionProblem.from_sinogram(sino, cfg)
+
+    def term_of(problem):
+        return make_model_error("heldout", problem.uncertainty, problem.preset).prepare()
+
+    problem = problem_of(0.02)
+    with torch_threads(2):
+        beside, after = term_of(problem), term_of(problem)
+        made = beside.beside_fit(problem)
+        assert made is not None
+        with torch_threads(1):
+            made()
+            fit = ctuq.recon.dip.fit_dip(problem.y, problem.op, problem.dip,
+                                         noise_std=problem.noise.std)
+            var = torch.full(fit.reconstruction.shape, 1e-4, dtype=torch.float64)
+            nv = problem.noise.variance
+            a, b = (t.variance(problem, fit, var, nv).coefficients for t in (beside, after))
+            assert a.info["fit_beside"] is True and "fit_beside" not in b.info
+            assert (a.t0, a.s1) == (b.t0, b.s1)
+            assert beside.shared_fit() is not None and after.shared_fit() is None
+            # the method learned another noise level: the term fits again, after it
+            c = beside.variance(problem, fit, var, 2 * nv).coefficients
+            assert "fit_beside" not in c.info
+        assert term_of(problem_of(None)).beside_fit(problem_of(None)) is None
+        for unc in ({"dip_from_heldout": 0.5}, {"heldout_beside": False}):
+            other = problem_of(0.02, **unc)
+            assert term_of(other).beside_fit(other) is None
+    with torch_threads(1):
+        assert term_of(problem).beside_fit(problem) is None

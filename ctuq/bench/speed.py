@@ -217,8 +217,8 @@ def one_run(size: int, settings: dict | None = None, scan: dict | None = None,
 
 def _total_over_dip(seconds: dict) -> float | None:
     """Total time over one full DIP fit's: the ``dip`` stage's, or, where the fit
-    on all angles continued from the held-out fit, the held-out fit's (a whole
-    schedule; the ``dip`` stage then holds both)."""
+    on all angles continued from the held-out fit or ran beside it, the held-out
+    fit's (a whole schedule; the ``dip`` stage then holds both)."""
     one_fit = seconds.get("dip_heldout") or seconds.get("dip")
     return seconds["total"] / one_fit if one_fit else None
 

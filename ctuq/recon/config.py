@@ -225,6 +225,14 @@ class UncertaintyConfig:
         initialisation), except the ``dip-64`` preset's 0.5: 1.5 fits' worth
         instead of 2 and a sharper image (+1.1 dB on validation scans at 1 %
         and 5 % noise, over three DIP seeds; docs/speed.md).
+    heldout_beside : bool
+        Held-out term, two separate fits (``dip_from_heldout = 0``) and a known
+        noise level: the held-out fit runs beside the fit on all angles, one
+        torch thread each, where the run has two threads or more, a CPU
+        operator held as a matrix and no dropout; the fit on all angles is then
+        the one a one-thread run makes. False: after the method, as one fit at
+        a time (half the memory of two fits at once). Default True
+        (docs/speed.md).
     model_error_file : str or None
         The calibration of the terms that need one: a file written by
         ``ctuq calibrate``. Default None: the preset's shipped file (only
@@ -277,6 +285,9 @@ class UncertaintyConfig:
     dip_from_heldout: float = setting(0.0, kind=float, minimum=0, maximum=1.0,
                                       doc="Held-out term: >0: the DIP fit continues from the "
                                           "held-out fit for this fraction of its iterations.")
+    heldout_beside: bool = setting(True, kind=bool,
+                                   doc="Held-out term, two separate fits, known noise: the "
+                                       "held-out fit beside the fit on all angles.")
     model_error_file: str | None = setting(None, kind=str,
                                            doc="A ctuq calibrate file (terms that need one).")
     #: ``table -> settings object`` of every registered method.
@@ -287,7 +298,7 @@ class UncertaintyConfig:
                  heldout_every: int = 6, heldout_min_out: int = 7,
                  heldout_prior_width: float = 0.1, model_error_file: str | None = None,
                  tables: dict | None = None, heldout_iterations: float = 1.0,
-                 dip_from_heldout: float = 0.0,
+                 dip_from_heldout: float = 0.0, heldout_beside: bool = True,
                  heldout_correlation_length: float = 0.0,
                  heldout_calibration_floor: str | bool = "auto",
                  heldout_noise: str = "residual", heldout_texture_threshold: float = 0.0,
@@ -299,6 +310,7 @@ class UncertaintyConfig:
                             ("model_error_file", model_error_file),
                             ("heldout_iterations", heldout_iterations),
                             ("dip_from_heldout", dip_from_heldout),
+                            ("heldout_beside", heldout_beside),
                             ("heldout_correlation_length", heldout_correlation_length),
                             ("heldout_calibration_floor",
                              _floor_choice(heldout_calibration_floor)),

@@ -425,7 +425,8 @@ def stage_record(s: _Slice) -> dict:
     ``consistency``, ``metrics``, ``total``; ``dip_heldout``, the part of
     ``dip`` that the held-out fit took when the fit on all angles continued
     from it (``dip_from_heldout``; both held-out fits with ``dip.net_input =
-    'auto'``); a stage loaded from a checkpoint
+    'auto'``) or the held-out fit's own wall time when it ran beside the fit
+    (``ModelErrorTerm.beside_fit``); a stage loaded from a checkpoint
     counts its own recorded seconds. ``counts``: ``dip_iterations`` (and
     ``dip_heldout_iterations``),
     ``em_steps`` and ``solver_iterations`` / ``cg_iterations`` (summed over the
@@ -444,7 +445,7 @@ def stage_record(s: _Slice) -> dict:
     if lengths:
         counts["dip_iterations"] = int(max(lengths))
     held = s.term.shared_fit() if s.term is not None else None
-    if held is not None:  # the held-out fit ran first, inside the "dip" stage
+    if held is not None:  # the held-out fit ran first or beside, inside the "dip" stage
         seconds["dip_heldout"] = s.term.first_fit_seconds()  # every input 'auto' tried
         counts["dip_heldout_iterations"] = int(len(held.loss_history["loss"]))
     trace = s.outcome.trace if s.outcome is not None else []

@@ -161,6 +161,24 @@ def side_by_side(tasks, threads: int) -> list:
         torch.set_num_threads(old)
 
 
+def keeping_threads(progress):
+    """``progress`` for a task of :func:`side_by_side`: a thread governor behind it
+    may set the thread count when it reports, which the task then sets back to its
+    own share. None stays None."""
+    if progress is None:
+        return None
+    import torch
+
+    from ctuq.progress import emit_progress
+
+    def report(stage, step, total, message=""):  # keywords: emit_progress's style
+        own = torch.get_num_threads()
+        emit_progress(progress, stage, step, total, message)
+        torch.set_num_threads(own)
+
+    return report
+
+
 class ThreadGovernor:
     """Keeps a run's torch thread count at the cores no other process is busy on.
 

@@ -10,6 +10,9 @@ seen them. Otherwise the fit on all angles is the
 usual one from the seeded initialisation. With ``dip.net_input = 'auto'`` the
 held-out term fits once per candidate input first and the fit on all angles takes
 the input whose held-out fit predicted the left-out rows best (docs/dip.md §15).
+With two separate fits and a known noise level, the held-out fit runs beside
+the fit on all angles where the CPU has two threads or more
+(``ModelErrorTerm.beside_fit``; docs/speed.md).
 """
 
 from __future__ import annotations
@@ -28,10 +31,15 @@ def dip_fit(problem, term=None, *, progress=None, cancel=None):
         The run's model-error term; only a term that makes a fit first
         (``makes_fit_first``, the held-out one:
         :meth:`~ctuq.recon.model_error.terms.ModelErrorTerm.fit_first`) shares
-        it, and only when ``dip_from_heldout > 0`` or ``dip.net_input = 'auto'``.
+        it, and only when ``dip_from_heldout > 0`` or ``dip.net_input = 'auto'``;
+        otherwise a term's fit that can run beside this one does
+        (:meth:`~ctuq.recon.model_error.terms.ModelErrorTerm.beside_fit`).
     progress, cancel : callable, optional
     """
+    import torch
+
     from ctuq.recon.dip import AUTO, fit_dip
+    from ctuq.recon.provenance import keeping_threads, side_by_side
 
     share = float(problem.uncertainty.dip_from_heldout)
     auto = problem.dip.net_input == AUTO  # the held-out fits choose the input
@@ -42,9 +50,19 @@ def dip_fit(problem, term=None, *, progress=None, cancel=None):
         config = config.with_(net_input=held.config.net_input)  # as 'auto' chose
         if share > 0:  # continued from the held-out fit; else a fit of its own
             config, init_state = continued_config(config, share), held.state_dict
-    return fit_dip(problem.y, problem.op, config, noise_std=problem.noise.std,
-                   ray_variance=problem.noise.ray_variance, progress=progress, cancel=cancel,
-                   init_state=init_state)
+
+    def fit(report=progress):
+        return fit_dip(problem.y, problem.op, config, noise_std=problem.noise.std,
+                       ray_variance=problem.noise.ray_variance, progress=report,
+                       cancel=cancel, init_state=init_state)
+
+    beside = term.beside_fit(problem, cancel=cancel) \
+        if held is None and term is not None else None
+    if beside is None:
+        return fit()
+    # two separate fits: the held-out one on a thread of its own (its result kept by the term)
+    return side_by_side([lambda: fit(keeping_threads(progress)), beside],
+                        torch.get_num_threads())[0]
 
 
 def continued_config(dip_config, share: float):

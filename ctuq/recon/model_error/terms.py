@@ -61,7 +61,7 @@ from ctuq.recon.model_error.heldout import (fit_heldout, heldout_data, heldout_f
                                             heldout_misfit, heldout_step_length, kept_rows,
                                             preferred_input)
 from ctuq.recon.model_error.names import CALIBRATED, CONFORMAL, HELDOUT, NONE
-from ctuq.recon.provenance import side_by_side
+from ctuq.recon.provenance import keeping_threads, side_by_side
 
 __all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
            "CalibratedTerm", "ConformalTerm", "MODEL_ERROR_TERMS", "METHODS",
@@ -283,14 +283,21 @@ class ModelErrorTerm:
         has no fit to share. Default None."""
         return None
 
+    def beside_fit(self, problem, *, cancel=None) -> Callable[[], None] | None:
+        """A DIP fit :meth:`compute` will need that can run beside the fit on all
+        angles (on a thread of its own, :func:`side_by_side`): a callable that makes
+        it and keeps it for :meth:`compute`, or None. Default None."""
+        return None
+
     def shared_fit(self):
-        """The DIP fit this term made before the fit on all angles (a ``DIPResult``
-        the fit on all angles continued from), or None. Default None."""
+        """The DIP fit this term made in the DIP stage: before the fit on all angles
+        (:meth:`fit_first`) or beside it (:meth:`beside_fit`); a ``DIPResult`` or
+        None. Default None."""
         return None
 
     def first_fit_seconds(self) -> float:
-        """Wall seconds of the fits :meth:`fit_first` made (more than one when it chose
-        between inputs). Default 0."""
+        """Wall seconds of the fits :meth:`fit_first` or :meth:`beside_fit` made (more
+        than one when it chose between inputs). Default 0."""
         return 0.0
 
     def compute(self, problem, fit, posterior_variance: Tensor, noise_var: float, *,
@@ -388,6 +395,9 @@ class HeldoutTerm(ModelErrorTerm):
     #: 'per_angle': {name: [that mean per left-out angle]}}`` (:meth:`fit_first`).
     input_choice = None
     _first_seconds = 0.0
+    #: ``(held-out DIP settings, noise std, (mask, held-out fit))`` when
+    #: :meth:`beside_fit` made the fit, else None.
+    _beside = None
 
     def prepare(self):
         self.calibration, self.source = heldout_prior(self.settings, self.preset,
@@ -420,13 +430,7 @@ class HeldoutTerm(ModelErrorTerm):
 
         threads, t0 = torch.get_num_threads(), time.perf_counter()
         if len(inputs) > 1 and threads >= len(inputs) and fits_side_by_side(problem.op, dip):
-            # the first fit reports progress; a thread governor behind it may set the
-            # thread count, which its task then sets back to its own share
-            def report(stage, step, total, message=""):  # keywords: emit_progress's style
-                own = torch.get_num_threads()
-                emit_progress(progress, stage, step, total, message)
-                torch.set_num_threads(own)
-
+            report = keeping_threads(progress)  # the first fit reports progress
             results = side_by_side([lambda n=name, r=(report if i == 0 else None): fit(n, r)
                                     for i, name in enumerate(inputs)], threads)
             fits = dict(zip(inputs, results))
@@ -452,9 +456,45 @@ class HeldoutTerm(ModelErrorTerm):
         self._first = fits[chosen]
         return self._first[1]
 
+    def beside_fit(self, problem, *, cancel=None):
+        """The held-out fit of two separate fits, made beside the fit on all angles.
+
+        Where the fit on all angles does not continue from the held-out fit
+        (``dip_from_heldout = 0``, a fixed network input) and the noise level is
+        known, the held-out fit :meth:`compute` makes after the method needs
+        nothing the method finds, and the two fits can share the cores (two
+        threads or more, a CPU operator held as a matrix, no dropout). Its result
+        is that of a fit on one thread made after the method: :meth:`compute`
+        takes it when the method kept the noise level and the fit's settings.
+        ``heldout_beside = false`` turns it off.
+        """
+        from ctuq.recon.dip import AUTO
+
+        s, dip, threads = self.settings, problem.dip, torch.get_num_threads()
+        if (not s.heldout_beside or self._first is not None or float(s.dip_from_heldout) > 0
+                or dip.net_input == AUTO
+                or not problem.noise.known or threads < 2
+                or not fits_side_by_side(problem.op, dip)):
+            return None
+        config, std, v = heldout_config(dip, s.heldout_iterations), problem.noise.std, \
+            problem.noise.ray_variance
+        data = heldout_data(problem.y, problem.op, config, every=s.heldout_every,
+                            min_out=s.heldout_min_out, noise_std=std,
+                            ray_variance=v)  # operators and input here, in the caller's thread
+
+        def fit():
+            t0 = time.perf_counter()
+            held = heldout_fit(problem.y, problem.op, config, noise_std=std, cancel=cancel,
+                               data=data)
+            self._beside, self._first_seconds = (config, std, held), time.perf_counter() - t0
+
+        return fit
+
     def shared_fit(self):
-        """The held-out fit made by :meth:`fit_first`, or None."""
-        return None if self._first is None else self._first[1]
+        """The held-out fit made by :meth:`fit_first` or :meth:`beside_fit`, or None."""
+        first = self._first if self._first is not None else (
+            None if self._beside is None else self._beside[2])
+        return None if first is None else first[1]
 
     def first_fit_seconds(self) -> float:
         return float(self._first_seconds)
@@ -463,16 +503,22 @@ class HeldoutTerm(ModelErrorTerm):
                 cancel=None):
         s = self.settings
         v = problem.noise.ray_variance  # the count noise model's (None: every ray alike)
+        made_beside = False
         if self._first is not None:  # made before the fit on all angles (fit_first)
             mask, dip_in = self._first
         else:  # the DIP settings of the run (a resumed run's continued fit has fewer iterations)
             base = problem.dip if s.dip_from_heldout > 0 else fit.config
             base = base.with_(net_input=fit.config.net_input)  # 'auto' as the fit chose it
-            mask, dip_in = heldout_fit(problem.y, problem.op,
-                                       heldout_config(base, s.heldout_iterations),
-                                       every=s.heldout_every, min_out=s.heldout_min_out,
-                                       noise_std=math.sqrt(noise_var), ray_variance=v,
-                                       progress=progress, cancel=cancel)
+            config, std = heldout_config(base, s.heldout_iterations), math.sqrt(noise_var)
+            beside = self._beside
+            if beside is not None and beside[0] == config and math.isclose(
+                    beside[1], std, rel_tol=1e-12):  # made beside the fit, as it would be here
+                (mask, dip_in), made_beside = beside[2], True
+            else:
+                mask, dip_in = heldout_fit(problem.y, problem.op, config,
+                                           every=s.heldout_every, min_out=s.heldout_min_out,
+                                           noise_std=std, ray_variance=v,
+                                           progress=progress, cancel=cancel)
         check_cancel(cancel, "reconstruction")
         x_in, length = dip_in.reconstruction.detach(), None
         if mean_step is not None:  # the held-out fit's image as the method makes it
@@ -496,6 +542,8 @@ class HeldoutTerm(ModelErrorTerm):
                              noise_scale=scale,
                              **fit_rule(rule, excess, edges, s.heldout_texture_threshold))
         coeffs.info.update(noise_rule=s.heldout_noise, noise_scale=scale)
+        if made_beside:  # on a thread of its own, during the fit on all angles
+            coeffs.info["fit_beside"] = True
         if self.calibration is not None:
             coeffs.info["prior"].update({"from": self.source, "floor_rule": rule,
                                          "fit_excess": excess, "edge_concentration": edges,
