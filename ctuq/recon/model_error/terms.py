@@ -471,9 +471,9 @@ class HeldoutTerm(ModelErrorTerm):
         from ctuq.recon.dip import AUTO
 
         s, dip, threads = self.settings, problem.dip, torch.get_num_threads()
-        if (not s.heldout_beside or self._first is not None or float(s.dip_from_heldout) > 0
-                or dip.net_input == AUTO
-                or not problem.noise.known or threads < 2
+        if (not s.heldout_beside or threads < 2 or self._first is not None
+                or float(s.dip_from_heldout) > 0 or dip.net_input == AUTO
+                or not getattr(problem.noise, "known", False)  # a given noise level only
                 or not fits_side_by_side(problem.op, dip)):
             return None
         config, std, v = heldout_config(dip, s.heldout_iterations), problem.noise.std, \
