@@ -416,17 +416,13 @@ class HeldoutTerm(ModelErrorTerm):
 
         s, dip, v = self.settings, problem.dip, problem.noise.ray_variance
         inputs = AUTO_NET_INPUTS if dip.net_input == AUTO else (dip.net_input,)
-        configs = {name: heldout_config(dip.with_(net_input=name), s.heldout_iterations)
-                   for name in inputs}
-        data = {name: heldout_data(problem.y, problem.op, configs[name],
-                                   every=s.heldout_every, min_out=s.heldout_min_out,
-                                   noise_std=problem.noise.std, ray_variance=v)
-                for name in inputs}  # operators and inputs first, in this thread
+        tasks = {name: self._heldout_task(problem, heldout_config(dip.with_(net_input=name),
+                                                                  s.heldout_iterations),
+                                          cancel)
+                 for name in inputs}
 
         def fit(name, report=progress):
-            return heldout_fit(problem.y, problem.op, configs[name],
-                               noise_std=problem.noise.std, progress=report, cancel=cancel,
-                               data=data[name])
+            return tasks[name](report)
 
         threads, t0 = torch.get_num_threads(), time.perf_counter()
         if len(inputs) > 1 and threads >= len(inputs) and fits_side_by_side(problem.op, dip):
@@ -476,19 +472,31 @@ class HeldoutTerm(ModelErrorTerm):
                 or not getattr(problem.noise, "known", False)  # a given noise level only
                 or not fits_side_by_side(problem.op, dip)):
             return None
-        config, std, v = heldout_config(dip, s.heldout_iterations), problem.noise.std, \
-            problem.noise.ray_variance
-        data = heldout_data(problem.y, problem.op, config, every=s.heldout_every,
-                            min_out=s.heldout_min_out, noise_std=std,
-                            ray_variance=v)  # operators and input here, in the caller's thread
+        config = heldout_config(dip, s.heldout_iterations)
+        task = self._heldout_task(problem, config, cancel)
 
         def fit():
             t0 = time.perf_counter()
-            held = heldout_fit(problem.y, problem.op, config, noise_std=std, cancel=cancel,
-                               data=data)
-            self._beside, self._first_seconds = (config, std, held), time.perf_counter() - t0
+            held = task()
+            self._beside = (config, problem.noise.std, held)
+            self._first_seconds = time.perf_counter() - t0
 
         return fit
+
+    def _heldout_task(self, problem, config, cancel):
+        """The held-out fit of ``config`` at the problem's noise std, as a callable
+        ``task(progress=None)``; its kept rows and network input are made here, in the
+        caller's thread (operators and ODL calls first, before any fit runs beside)."""
+        s, std = self.settings, problem.noise.std
+        data = heldout_data(problem.y, problem.op, config, every=s.heldout_every,
+                            min_out=s.heldout_min_out, noise_std=std,
+                            ray_variance=problem.noise.ray_variance)
+
+        def task(progress=None):
+            return heldout_fit(problem.y, problem.op, config, noise_std=std,
+                               progress=progress, cancel=cancel, data=data)
+
+        return task
 
     def shared_fit(self):
         """The held-out fit made by :meth:`fit_first` or :meth:`beside_fit`, or None."""
