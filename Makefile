@@ -52,9 +52,15 @@ apt-deps:
 data-deps:
 	$(call apt-install,$(DATA_PACKAGES),the Fashion-MNIST benchmark)
 
+# Two pytest workers (pytest-xdist), one test file each at a time and one torch thread
+# each (tests/conftest.py): most tests keep one core busy, so a 2-core machine runs the
+# suite in about half the time. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) apt-deps data-deps
 	$(VENV)/bin/lint-imports
-	QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1280x1024x24" $(PY) -m pytest
+	QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1280x1024x24" $(PY) -m pytest \
+		-n $(TEST_WORKERS) --dist loadfile
 
 demo: $(STAMP)
 	$(VENV)/bin/ctuq demo --out demo_out

@@ -9,7 +9,12 @@ import torch
 
 
 def pytest_configure(config):
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    # Under pytest-xdist (``make test`` runs two workers) each worker takes one
+    # core: two workers of two OpenMP threads each on a 2-core machine spin
+    # against each other (docs/speed.md, "Sharing a busy machine"). A test that
+    # needs two threads pins them itself.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(autouse=True, scope="session")

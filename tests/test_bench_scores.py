@@ -1,6 +1,7 @@
 """ctuq.bench.scores and ctuq.bench.machine: the benchmarks' scores and measurements."""
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -77,6 +78,12 @@ def test_peak_memory_sees_an_allocation_inside_the_block():
     with PeakMemory("cpu", interval=0.001) as mem:
         block = np.ones(64 * 2**20 // 8)  # 64 MiB, touched
         block += 1
+        # held until the poller has run: on a busy machine its thread may not get a
+        # time slice in the few ms the block would otherwise live (a broken poller
+        # still fails, after 5 s)
+        deadline = time.monotonic() + 5.0
+        while mem.peak - mem.base < 48 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.005)
         del block
     assert mem.kind == "process RSS" and mem.peak_bytes - mem.base >= 48 * 2**20
     m = machine("cpu")
