@@ -1,6 +1,7 @@
 """ctuq.bench.scores and ctuq.bench.machine: the benchmarks' scores and measurements."""
 
 import math
+import mmap
 import time
 
 import numpy as np
@@ -76,8 +77,12 @@ def test_summarise_images_skips_missing_scores():
 
 def test_peak_memory_sees_an_allocation_inside_the_block():
     with PeakMemory("cpu", interval=0.001) as mem:
-        block = np.ones(64 * 2**20 // 8)  # 64 MiB, touched
-        block += 1
+        # 64 MiB of fresh pages, touched: an anonymous map, since in a long-lived process
+        # (a pytest worker past 1.7 GB) malloc may serve np.ones from freed heap pages
+        # that are resident already, and the RSS does not move
+        buf = mmap.mmap(-1, 64 * 2**20)
+        block = np.frombuffer(buf, dtype=np.uint8)
+        block[:] = 1
         # held until the poller has run: on a busy machine its thread may not get a
         # time slice in the few ms the block would otherwise live (a broken poller
         # still fails, after 5 s)
@@ -85,6 +90,7 @@ def test_peak_memory_sees_an_allocation_inside_the_block():
         while mem.peak - mem.base < 48 * 2**20 and time.monotonic() < deadline:
             time.sleep(0.005)
         del block
+        buf.close()
     assert mem.kind == "process RSS" and mem.peak_bytes - mem.base >= 48 * 2**20
     m = machine("cpu")
     assert m["cpu_count"] >= 1 and m["device"] == "cpu" and m["torch"] == torch.__version__
