@@ -37,7 +37,7 @@ import torch
 
 
 def tv_conditioned_samples(out: dict, dip, op, ray_variance, k: int, seed: int,
-                           iterations: int) -> torch.Tensor:
+                           iterations: int, sample_weight: float = 1.0) -> torch.Tensor:
     """``k`` zero-mean image samples of the posterior conditioned on the TV bound."""
     from ctuq.posterior.likelihood import LinearGaussianLikelihood
     from ctuq.recon import predictive
@@ -49,7 +49,9 @@ def tv_conditioned_samples(out: dict, dip, op, ray_variance, k: int, seed: int,
     alpha = float(dip.tv_weight) / (2.0 * s2)
     samples = out["image_samples"].double()
     for _ in range(iterations):
-        u = differences(x).square() + differences(samples).square().mean(0)
+        # sample_weight 1: the variational bound's E[d²]; towards 0: the Laplace
+        # approximation of TV at the fit (flat regions held by their own d̂ ≈ 0)
+        u = differences(x).square() + sample_weight * differences(samples).square().mean(0)
         precision = alpha * u.reshape(-1).rsqrt()
         # rows √(σ² · precision) D under the likelihood's (whitened) ray transform
         stacked = TVCurvatureOperator(post.likelihood.operator, (s2 * precision).sqrt())
@@ -61,7 +63,7 @@ def tv_conditioned_samples(out: dict, dip, op, ray_variance, k: int, seed: int,
     return samples.to(out["image_samples"].dtype)
 
 
-def install(iterations: int) -> None:
+def install(iterations: int, sample_weight: float = 1.0) -> None:
     """Replace the Laplace method's predictive draws by the TV-conditioned ones."""
     import ctuq.recon.methods.laplace as laplace
 
@@ -72,7 +74,7 @@ def install(iterations: int) -> None:
         out = plain(dip, op, y, noise_std, settings, predictive_samples=predictive_samples,
                     learn_noise=learn_noise, seed=seed, ray_variance=ray_variance, **kwargs)
         smp = tv_conditioned_samples(out, dip, op, ray_variance, int(predictive_samples),
-                                     seed, iterations)
+                                     seed, iterations, sample_weight)
         out.update(image_samples=smp, variance=smp.pow(2).mean(0))
         out["std"] = out["variance"].sqrt()
         return out
@@ -87,8 +89,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vb-iterations", type=int, default=2,
                     help="refreshes of u = E[d²] (each one predictive draw more)")
+    ap.add_argument("--sample-weight", type=float, default=1.0,
+                    help="weight of the draws' variance in u (1: the variational bound; "
+                         "small: TV's curvature at the fit)")
     args = ap.parse_args(ours)
-    install(args.vb_iterations)
+    install(args.vb_iterations, args.sample_weight)
     script = Path(__file__).with_name("bench_calibration.py")
     sys.argv = [str(script), *bench]
     runpy.run_path(str(script), run_name="__main__")

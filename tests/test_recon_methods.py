@@ -197,3 +197,29 @@ def test_region_std_of_one_pixel_is_that_pixels_total_std(with_model_error):
     assert parts["posterior_relative_error"] == pytest.approx(1 / np.sqrt(64))
     assert post.region_std(region, seed=3, include_model_error=False) == \
         pytest.approx(parts["posterior"])
+
+
+class CountingPosterior(ConstantPosterior):
+    calls = 0
+
+    def fluctuations(self, n, seed):
+        self.calls += 1
+        return super().fluctuations(n, seed)
+
+
+def test_regions_of_one_explicit_seed_share_one_set_of_draws():
+    post = CountingPosterior(np.zeros((6, 6), np.float32), 0.5, seed=0)
+    a = post.region_std_parts((slice(0, 3), slice(0, 6)), n=8, seed=7)
+    b = post.region_std_parts((slice(3, 6), slice(0, 6)), n=8, seed=7)
+    again = post.region_std_parts((slice(0, 3), slice(0, 6)), n=8, seed=7)
+    assert post.calls == 1 and again == a and a != b
+    z = post.zero_mean_samples(8, seed=7)
+    z[:] = 0.0  # a caller's edits do not reach the kept draws
+    assert post.region_std_parts((slice(0, 3), slice(0, 6)), n=8, seed=7) == a
+    post.region_std_parts((slice(0, 3), slice(0, 6)), n=8, seed=8)  # another seed draws
+    post.region_std_parts((slice(0, 3), slice(0, 6)), n=4, seed=7)  # so does another n
+    post.std(8)  # no seed: fresh draws every call
+    post.std(8)
+    assert post.calls == 5
+    assert post.region_std_parts((slice(0, 3), slice(0, 6)), n=4, seed=7) is not None
+    assert post.calls == 5
