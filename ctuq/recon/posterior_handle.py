@@ -227,6 +227,10 @@ class PosteriorHandle:
             The pixels to average.
         n : int
             Posterior samples. Default :data:`REGION_SAMPLES`.
+        seed : int, optional
+            Seed of the draws. The last explicitly seeded draws are kept, so
+            further regions with the same ``seed`` and ``n`` cost no solves.
+            Default: new draws on every call.
         include_model_error : bool
             Default True; False: the posterior's part alone.
         """
