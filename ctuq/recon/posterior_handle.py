@@ -136,12 +136,14 @@ class PosteriorHandle:
         explicit = seed is not None
         n, seed = self._check_n(n), self._next_seed(seed)
         if explicit and self._last_draws is not None and self._last_draws[:2] == (n, seed):
-            z = self._last_draws[2].copy()  # the same draws again, without the solves
+            z = self._last_draws[2]  # the same draws again, without the solves
         else:
             z = np.asarray(self.fluctuations(n, seed), dtype=np.float32)
             if explicit:  # one entry (n·H·W floats): a user's regions of one result, one seed
-                self._last_draws = (n, seed, z.copy())
-        return z + self._model_error_noise(n, seed) if include_model_error else z
+                self._last_draws = (n, seed, z)
+        if include_model_error:
+            return z + self._model_error_noise(n, seed)
+        return z.copy() if explicit else z  # a caller's edits must not reach the kept draws
 
     def sample(self, n: int, *, seed: int | None = None,
                include_model_error: bool = True) -> np.ndarray:
