@@ -22,6 +22,9 @@ them: milliseconds per step of each (medians of ``--repeats`` alternating
 timings of ``--iterations`` steps), their ratio, and whether the two give the
 same weights bit for bit after the steps.
 
+``speed_probe``: how fast the machine ran (:func:`ctuq.bench.machine.speed_probe`),
+so that step times of two days can be told apart from a slow day of the machine.
+
 Usage::
 
     python scripts/bench_dip_step.py --device cuda > benchmarks/results/bench_dip_step_gpu.json
@@ -38,7 +41,7 @@ import numpy as np
 import torch
 
 from ctuq.bench.cases import _case, simulate
-from ctuq.bench.machine import machine, sync
+from ctuq.bench.machine import machine, speed_probe, sync
 from ctuq.bench.runner import dump_json
 from ctuq.bench.speed import SCAN
 from ctuq.models.unet import build_unet
@@ -175,7 +178,8 @@ def main(argv=None) -> int:
         ap.error("--iterations must be above 10")
     device = torch.device(args.device)
     rows = [one_size(s, args.iterations, device, args.repeats) for s in args.sizes]
-    dump_json({"benchmark": "bench_dip_step", "machine": machine(device), "sizes": rows})
+    dump_json({"benchmark": "bench_dip_step", "machine": machine(device),
+               "speed_probe": speed_probe(), "sizes": rows})
     return 0
 
 

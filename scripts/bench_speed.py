@@ -9,7 +9,9 @@ per stage from the result's provenance and the ratio total / DIP fit;
 ``ctuq demo`` timed as a user runs it; two identical runs side by side
 (two processes) against one alone; the machine, the threads and the load
 average (``quiet`` is false when anything else loaded the machine: such
-timings are not quotable). Every run is a fresh process.
+timings are not quotable), and ``speed_probe`` before the first run and after
+the last (how fast the machine itself ran: a virtual machine has slow days
+with no load to show them). Every run is a fresh process.
 
 ``--compare`` instead runs the setting variants of docs/speed.md on a few
 validation scans (seconds saved, change of mean std and ±2σ coverage).

@@ -95,3 +95,23 @@ def test_peak_memory_sees_an_allocation_inside_the_block():
     m = machine("cpu")
     assert m["cpu_count"] >= 1 and m["device"] == "cpu" and m["torch"] == torch.__version__
     assert median_s(lambda: None, 3) >= 0
+
+
+def test_speed_probe_times_each_kind_of_work_with_the_current_threads():
+    import math
+
+    from ctuq.bench.machine import speed_probe
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        probe = speed_probe(repeats=2)
+    finally:
+        torch.set_num_threads(before)
+    assert probe["threads"] == 1
+    figures = {k: v for k, v in probe.items() if k != "threads"}
+    assert set(figures) == {"matmul_gflops", "conv_ms", "op_overhead_us", "copy_gb_s",
+                            "python_ns"}
+    assert all(math.isfinite(v) and v > 0 for v in figures.values())
+    # a kernel launch costs less than a 64² convolution's forward and backward
+    assert probe["op_overhead_us"] < 1e3 * probe["conv_ms"]

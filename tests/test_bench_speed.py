@@ -93,6 +93,9 @@ def test_script_at_16_pixels_gives_one_json_document():
                                            / sb["alone"]["wall_s"])
     assert doc["machine"]["cpu_count"] >= 1 and isinstance(doc["quiet"], bool)
     assert len(doc["load_start"]) == 3
+    # how fast the machine ran, before the first run and after the last
+    assert set(doc["speed_probe"]) == {"start", "end"}
+    assert all(p["conv_ms"] > 0 and p["matmul_gflops"] > 0 for p in doc["speed_probe"].values())
 
 
 def test_device_run_is_judged_by_the_gpu_targets_and_skips_what_was_not_asked(monkeypatch):

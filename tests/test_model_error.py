@@ -343,6 +343,23 @@ def test_heldout_split_refuses_too_few_angles(n, every):
         me.heldout_split(n, every)
 
 
+def test_too_few_angles_name_the_fraction_left_out_and_the_other_terms():
+    with pytest.raises(InputError) as err:
+        me.heldout_split(5, 3)
+    message = err.value.message
+    assert "every 3rd angle" in message and "-th" not in message
+    assert all(name in message for name in ("calibrated", "conformal", "none"))
+
+
+@pytest.mark.parametrize("n, text", [(2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"),
+                                     (12, "12th"), (13, "13th"), (21, "21st"), (22, "22nd"),
+                                     (111, "111th")])
+def test_ordinals_of_the_left_out_angle(n, text):
+    from ctuq.recon.model_error.heldout import _ordinal
+
+    assert _ordinal(n) == text
+
+
 def test_heldout_split_leaves_out_every_kth_angle():
     m = me.heldout_split(60, 6)
     assert m.sum() == 10 and np.all(np.flatnonzero(m) % 6 == 3)

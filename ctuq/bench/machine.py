@@ -1,6 +1,8 @@
 """What a benchmark ran on, and how long and how much memory its stages took.
 
-:func:`machine` describes the CPU, threads, versions and GPU; :func:`median_s`
+:func:`machine` describes the CPU, threads, versions and GPU; :func:`speed_probe`
+measures how fast the machine is right now (a virtual machine's speed drifts
+from day to day, with no load of its own to show it); :func:`median_s`
 times a callable (synchronising CUDA); :class:`PeakMemory` records the peak
 memory of a block (the process's resident memory polled by a thread on the
 CPU, CUDA's own peak counter on a GPU).
@@ -16,7 +18,7 @@ import time
 
 import torch
 
-__all__ = ["machine", "sync", "median_s", "components", "PeakMemory"]
+__all__ = ["machine", "speed_probe", "sync", "median_s", "components", "PeakMemory"]
 
 
 def machine(device="cpu") -> dict:
@@ -41,6 +43,58 @@ def machine(device="cpu") -> dict:
     except OSError:
         pass
     return out
+
+
+def speed_probe(repeats: int = 5) -> dict:
+    """How fast this CPU runs the kinds of work a reconstruction is made of, right now.
+
+    Five small timings on the CPU with torch's current thread count (about
+    half a second in all), each the median of ``repeats``:
+
+    - ``matmul_gflops``: a 1024 × 1024 float32 matrix product (the arithmetic units);
+    - ``conv_ms``: forward and backward of one 16-channel 3×3 convolution of a
+      64² image, the unit of a ``dip-64`` DIP step;
+    - ``op_overhead_us``: one in-place addition on a one-element tensor (what
+      torch spends on a kernel launch, which small networks pay per layer);
+    - ``copy_gb_s``: copying 64 MiB (bytes read and written per second, the
+      memory's bandwidth);
+    - ``python_ns``: one iteration of a plain Python loop.
+
+    Benchmarks record it beside their timings, so that a slow day (the same
+    machine at a fraction of its usual speed, with no other load) is seen in
+    the document instead of passing for a slower program.
+
+    Returns
+    -------
+    dict
+        The five figures and ``threads``.
+    """
+    a = torch.randn(1024, 1024)
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+    x = torch.randn(1, 16, 64, 64, requires_grad=True)
+    one = torch.zeros(1)
+    src = torch.ones(16 * 2**20)  # 64 MiB of float32
+    dst = torch.empty_like(src)
+
+    def conv_step():
+        conv(x).sum().backward()
+
+    def ops(n=1000):
+        for _ in range(n):
+            one.add_(1.0)
+
+    def loop(n=100_000):
+        total = 0
+        for i in range(n):
+            total += i
+        return total
+
+    return {"threads": torch.get_num_threads(),
+            "matmul_gflops": 2 * 1024**3 / median_s(lambda: a @ a, repeats) / 1e9,
+            "conv_ms": 1e3 * median_s(conv_step, repeats),
+            "op_overhead_us": 1e6 * median_s(ops, repeats) / 1000,
+            "copy_gb_s": 2 * src.nbytes / median_s(lambda: dst.copy_(src), repeats) / 1e9,
+            "python_ns": 1e9 * median_s(loop, repeats) / 100_000}
 
 
 def sync(device) -> None:

@@ -423,10 +423,14 @@ def compare_settings(variants: dict[str, dict], sizes, cases: list[dict],
         ``runs``: one row per (size, case, variant) with :func:`one_run`'s
         fields; ``summary[size][variant]``: means over the cases of
         ``wall_s``, ``mean_std``, ``coverage_2sigma``, ``psnr`` and their
-        differences to the first variant, and the stage seconds.
+        differences to the first variant, and the stage seconds;
+        ``speed_probe``: :func:`ctuq.bench.machine.speed_probe` before and after.
     """
     import numpy as np
 
+    from ctuq.bench.machine import speed_probe
+
+    probe = {"start": speed_probe()}
     rows, summary = [], {}
     names = list(variants)
     fits = tempfile.TemporaryDirectory(prefix="ctuq-fits-") if share_dip else None
@@ -471,8 +475,9 @@ def compare_settings(variants: dict[str, dict], sizes, cases: list[dict],
                 "em_steps": [r["em_steps"] for r in rs]}
     if fits is not None:
         fits.cleanup()
+    probe["end"] = speed_probe()
     return {"variants": variants, "base": base or {}, "cases": cases, "runs": rows,
-            "summary": summary, "share_dip": bool(share_dip)}
+            "summary": summary, "share_dip": bool(share_dip), "speed_probe": probe}
 
 
 def speed_benchmark(sizes=(64, 128), *, settings: dict | None = None, demo: bool = True,
@@ -504,12 +509,14 @@ def speed_benchmark(sizes=(64, 128), *, settings: dict | None = None, demo: bool
     dict
         ``machine``, ``scan``, ``targets_s``, ``sizes`` (one :func:`one_run`
         record each, with ``within_target``), ``demo``, ``side_by_side``,
-        ``load_start`` / ``load_end`` and ``quiet`` (other processes used
+        ``load_start`` / ``load_end``, ``speed_probe`` (``start`` and ``end``:
+        :func:`ctuq.bench.machine.speed_probe`, how fast the machine ran) and
+        ``quiet`` (other processes used
         less than :data:`QUIET_OTHERS_CORES` cores during every run, each
         run's ``others_cores``; without ``/proc/stat``, the 1-minute load
         stayed below 1: only then are the timings quotable).
     """
-    from ctuq.bench.machine import machine
+    from ctuq.bench.machine import machine, speed_probe
 
     sizes = [int(s) for s in sizes]
     if device:
@@ -519,7 +526,8 @@ def speed_benchmark(sizes=(64, 128), *, settings: dict | None = None, demo: bool
     doc = {"machine": machine(device or "cpu"), "scan": {**SCAN, "note": "validation split, simulated as "
                                           "the test split's scans (ctuq.bench.cases.simulate)"},
            "targets_s": {str(k): v for k, v in targets.items()},
-           "settings": settings or {}, "load_start": _load(), "sizes": []}
+           "settings": settings or {}, "load_start": _load(),
+           "speed_probe": {"start": speed_probe()}, "sizes": []}
     for size in sizes:
         print(f"speed: {size}² ...", file=sys.stderr, flush=True)
         row = in_process({"kind": "run", "args": {"size": size, "settings": settings}})
@@ -539,6 +547,7 @@ def speed_benchmark(sizes=(64, 128), *, settings: dict | None = None, demo: bool
         sb["within_target"] = bool(sb["slowdown"] <= TARGETS_S["side_by_side_over_alone"])
         doc["side_by_side"] = sb
     doc["load_end"] = _load()
+    doc["speed_probe"]["end"] = speed_probe()
     rows = list(_timed_rows(doc))
     others = [r["others_cores"] for r in rows if r.get("others_cores") is not None]
     if others:

@@ -55,9 +55,18 @@ def heldout_split(n_angles: int, every: int, min_out: int = 0) -> np.ndarray:
         every -= 1
     out = _every_kth(n_angles, every)
     if out.sum() < 2 or (~out).sum() < 4:
-        raise InputError(f"{n_angles} angles are too few to leave every {every}-th out "
-                         f"(need >= 2 left out and >= 4 kept)", field="heldout_every")
+        raise InputError(f"{n_angles} angles are too few for the held-out model error, "
+                         f"which leaves out every {_ordinal(every)} angle and needs at least "
+                         f"2 left out and 4 kept; use more angles, or another "
+                         f"uncertainty.model_error ('calibrated', 'conformal' or 'none')",
+                         field="heldout_every")
     return out
+
+
+def _ordinal(n: int) -> str:
+    """``3`` → ``'3rd'``, ``11`` → ``'11th'``, ``22`` → ``'22nd'``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _every_kth(n_angles: int, every: int) -> np.ndarray:
