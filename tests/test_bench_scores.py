@@ -103,11 +103,13 @@ def test_speed_probe_times_each_kind_of_work_with_the_current_threads():
     from ctuq.bench.machine import speed_probe
 
     before = torch.get_num_threads()
+    state = torch.get_rng_state()
     try:
         torch.set_num_threads(1)
         probe = speed_probe(repeats=2)
     finally:
         torch.set_num_threads(before)
+    assert torch.equal(torch.get_rng_state(), state)  # a benchmark's seeded draws unmoved
     assert probe["threads"] == 1
     figures = {k: v for k, v in probe.items() if k != "threads"}
     assert set(figures) == {"matmul_gflops", "conv_ms", "op_overhead_us", "copy_gb_s",

@@ -69,9 +69,10 @@ def speed_probe(repeats: int = 5) -> dict:
     dict
         The five figures and ``threads``.
     """
-    a = torch.randn(1024, 1024)
-    conv = torch.nn.Conv2d(16, 16, 3, padding=1)
-    x = torch.randn(1, 16, 64, 64, requires_grad=True)
+    with torch.random.fork_rng(devices=[]):  # leaves the global random state as it was
+        a = torch.randn(1024, 1024)
+        conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+        x = torch.randn(1, 16, 64, 64, requires_grad=True)
     one = torch.zeros(1)
     src = torch.ones(16 * 2**20)  # 64 MiB of float32
     dst = torch.empty_like(src)
