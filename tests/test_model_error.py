@@ -503,3 +503,26 @@ def test_preferred_input_needs_a_lead_on_the_left_out_angles_not_only_on_average
     worse = ref + 0.1
     chosen, t = preferred_input({"fbp": ref, "tv": worse}, "fbp", 2.0)
     assert chosen == "fbp" and t["tv"] == -1e9
+
+
+def test_input_fallback_prefers_the_image_that_predicts_the_left_out_angles():
+    """The network's input image is shown only where it predicts the left-out rows
+    clearly better than the fit from it; a fit that is better keeps its place."""
+    from ctuq.data.phantoms import digits
+    from ctuq.recon.model_error.heldout import heldout_misfit, heldout_split
+    from ctuq.recon.model_error.terms import AUTO_INPUT_T, input_fallback
+
+    op = RayTransform(Geometry.parallel(28, 24))
+    truth = torch.as_tensor(digits(1)[0], dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    y = op(truth) + 0.01 * torch.randn(op.range_shape, generator=gen)
+    mask = heldout_split(24, every=4)
+    rough = truth + 0.2 * torch.randn(truth.shape, generator=gen)  # a worse image
+    worse_fit = input_fallback(op, y, mask, rough, truth)
+    assert worse_fit["used"] and worse_fit["t"] > AUTO_INPUT_T == worse_fit["t_min"]
+    assert worse_fit["heldout_misfit"]["fit"] == pytest.approx(
+        heldout_misfit(op, y, mask, rough))
+    better_fit = input_fallback(op, y, mask, truth, rough)
+    assert not better_fit["used"] and better_fit["t"] < 0
+    # a lead too small for the threshold keeps the fit
+    assert not input_fallback(op, y, mask, rough, truth, t_min=1e9)["used"]

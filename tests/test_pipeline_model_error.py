@@ -459,3 +459,39 @@ def test_the_beside_fit_is_the_fit_the_term_would_make_and_only_where_it_can_be(
             assert term_of(other).beside_fit(other) is None
     with torch_threads(1):
         assert term_of(problem).beside_fit(problem) is None
+
+
+def test_a_fit_worse_than_its_tv_input_shows_the_tv_image(scan):
+    """``heldout_input_fallback``: a DIP fit stopped after five steps predicts the
+    left-out angles far worse than its TV input; the TV image is shown, the DIP output
+    kept, and the coefficients read the TV image's held-out residual."""
+    from ctuq.app.batch import shown_image_note
+    from ctuq.data.operators import RayTransform
+    from ctuq.recon.baselines import tv_reconstruction
+
+    def config(fallback):
+        return ctuq.ReconstructionConfig(
+            preset="reference-28", threads=1, dip={"iterations": 5, "net_input": "tv"},
+            uncertainty={"em_steps": 1, "n_samples": 2, "predictive_samples": 16,
+                         "stored_samples": 0, "predcp": False, "preconditioner_rank": 8,
+                         "cg_max_iter": 40, "model_error": "heldout", "heldout_every": 4,
+                         "heldout_input_fallback": fallback})
+
+    on, off = (ctuq.reconstruct(scan, config(f)) for f in (True, False))
+    fallback = on.config["model_error"]["info"]["input_fallback"]
+    assert fallback["used"] and fallback["t"] > fallback["t_min"]
+    assert fallback["heldout_misfit"]["input"] < fallback["heldout_misfit"]["fit"]
+    tv = tv_reconstruction(torch.as_tensor(scan.data), RayTransform(scan.geometry),
+                           noise_std=scan.meta["noise_std"]).numpy()
+    np.testing.assert_allclose(on.reconstruction, tv, rtol=0, atol=1e-3 * np.abs(tv).max())
+    # the same fit underneath, kept in the result; without the fallback it is the image
+    np.testing.assert_allclose(on.dip, off.dip, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(off.reconstruction, off.dip, rtol=0, atol=1e-6)
+    assert "input_fallback" not in off.config["model_error"]["info"]
+    truth = scan.ground_truth
+    assert np.sqrt(np.mean((on.reconstruction - truth) ** 2)) < np.sqrt(
+        np.mean((off.reconstruction - truth) ** 2))
+    # the model error is the TV image's: a smaller held-out residual, a narrower std
+    assert on.model_error_std.mean() < off.model_error_std.mean()
+    assert shown_image_note(on.config).startswith("the network's input, the TV image")
+    assert shown_image_note(off.config) is None

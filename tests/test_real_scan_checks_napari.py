@@ -67,6 +67,13 @@ def test_misfit_and_data_warnings_are_notified():
     ok.diagnostics["warnings"] = []
     notify_checks(ok, "scan")
     assert len(notification_manager.records) == n
+    # an image that is not the DIP output is named (uncertainty.heldout_input_fallback)
+    ok.config = {"model_error": {"info": {"input_fallback": {
+        "used": True, "t": 6.35, "t_min": 2.0, "heldout_misfit": {"fit": 2.0, "input": 1.0}}}}}
+    notify_checks(ok, "scan")
+    new = notification_manager.records[n:]
+    assert [x.severity for x in new] == ["info"] and "the TV image" in new[0].message
+    assert "t 6.35 > 2" in new[0].message
 
 
 def test_show_result_puts_the_residual_beside_the_sinogram(make_napari_viewer):

@@ -76,9 +76,15 @@ def set_layer(viewer, data, kwargs) -> None:
 
 
 def notify_checks(result, name: str) -> None:
-    """A napari warning for a misfit (the data-consistency check) and each data warning."""
-    from napari.utils.notifications import show_warning
+    """A napari warning for a misfit (the data-consistency check) and each data warning,
+    and a note when the image shown is not the DIP output."""
+    from napari.utils.notifications import show_info, show_warning
 
+    from ctuq.app.batch import shown_image_note
+
+    image = shown_image_note(result.config)
+    if image:
+        show_info(f"ctuq: {name}: the image shown is {image}")
     d = result.diagnostics or {}
     if d.get("verdict") == "misfit":
         show_warning(f"ctuq: {name}: misfit, the model of the scan does not explain the "

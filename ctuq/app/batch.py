@@ -408,18 +408,24 @@ def shown_image_note(config: dict | None) -> str | None:
     """What a result's image is, from its recorded settings, when it is not the DIP output.
 
     ``'DIP output + the linear model's step (linear-heldout, length 0.73)'``
-    for ``uncertainty.laplace.mean`` other than ``'dip'``; None for the DIP
+    for ``uncertainty.laplace.mean`` other than ``'dip'``, ``"the network's input, the
+    TV image (…)"`` where ``uncertainty.heldout_input_fallback`` showed it; None for the DIP
     output itself (or a result without settings). Read from the recorded
     settings alone, without the method registry (which would load torch).
     """
     config = config or {}
+    info = (config.get("model_error") or {}).get("info") or {}
+    fallback = info.get("input_fallback") or {}
+    if fallback.get("used"):  # uncertainty.heldout_input_fallback
+        return (f"the network's input, the TV image (it predicted the left-out angles "
+                f"better than the DIP fit, t {fallback['t']:.2f} > {fallback['t_min']:g})")
     unc = config.get("uncertainty") or {}
     # the method's settings are the one table of the recorded uncertainty settings
     table = next((v for v in unc.values() if isinstance(v, dict)), {})
     mean = table.get("mean")
     if not mean or mean == "dip":
         return None
-    length = ((config.get("model_error") or {}).get("info") or {}).get("step_length")
+    length = info.get("step_length")
     return (f"DIP output + the linear model's step ({mean}"
             + (f", length {length:.2f})" if length is not None else ")"))
 

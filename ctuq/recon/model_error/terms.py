@@ -68,7 +68,8 @@ __all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
            "make_model_error", "coefficients_for", "heldout_prior", "shown_image",
            "FLOOR_CHOICES", "FLOOR_EXCESS", "FLOOR_REJECT_NATS", "fit_record",
            "floor_applies", "floor_rejection", "fit_rule", "EDGE_SHARE", "edge_concentration",
-           "textured", "HELDOUT_NOISE_CHOICES", "heldout_noise_scale", "AUTO_INPUT_T"]
+           "textured", "HELDOUT_NOISE_CHOICES", "heldout_noise_scale", "AUTO_INPUT_T",
+           "input_fallback"]
 
 #: ``heldout_calibration_floor``: when the calibration is a lower bound of the held-out fit.
 FLOOR_CHOICES = ("checked", "auto", "on", "off")
@@ -94,6 +95,45 @@ FLOOR_EXCESS = 1.0
 #: paired t-test near the 5 % level for 7–10 angles). On the 57 validation scans every
 #: threshold from 1.84 to 2.9 makes the same choices (docs/dip.md §15).
 AUTO_INPUT_T = 2.0
+
+
+def input_fallback(op, y, out_mask, x_fit, x_input, ray_variance=None, *,
+                   t_min: float = AUTO_INPUT_T) -> dict:
+    """Whether the network's input image predicts the left-out angles clearly better
+    than the held-out DIP fit made from it.
+
+    The DIP+TV fit from the TV image can end worse than that image itself (on
+    ellipse phantoms at 128², 1.7–5.2 dB below it); its held-out projections show
+    it: ``t`` of :func:`~ctuq.recon.model_error.heldout.preferred_input` with the fit
+    as the reference, above ``t_min`` on exactly those validation scans and
+    negative on every other (docs/dip.md §18).
+
+    Parameters
+    ----------
+    op : RayTransform
+        The operator of all angles.
+    y : Tensor, shape (n_angles, n_detector)
+    out_mask : array of bool, shape (n_angles,)
+        The left-out angles.
+    x_fit, x_input : Tensor, shape (H, W)
+        The held-out fit's image and its network input, both made without the
+        left-out rows.
+    ray_variance : Tensor, optional
+        Per-ray variances of the count noise model. Default None.
+    t_min : float, optional
+        Default :data:`AUTO_INPUT_T`.
+
+    Returns
+    -------
+    dict
+        ``used`` (bool: the input is clearly better), ``t``, ``t_min`` and
+        ``heldout_misfit`` (the mean over the left-out rows, ``fit`` and ``input``).
+    """
+    per_angle = {name: heldout_misfit(op, y, out_mask, x, ray_variance, per_angle=True)
+                 for name, x in (("fit", x_fit), ("input", x_input))}
+    chosen, t = preferred_input(per_angle, "fit", t_min)
+    return {"used": chosen == "input", "t": t["input"], "t_min": float(t_min),
+            "heldout_misfit": {k: float(m.mean()) for k, m in per_angle.items()}}
 
 #: ``edge_concentration``: the share of pixels whose gradient it sums.
 EDGE_SHARE = 0.1
@@ -232,9 +272,11 @@ class ModelErrorOutcome:
         Recorded in the result (``config['model_error']``).
     seconds : float
     reconstruction : Tensor, shape (H, W), or None
-        The image whose error this is, when the method's step was given: the
-        DIP output plus the step at its length (chosen here when the method
-        left it open, ``coefficients.info['step_length']``).
+        The image whose error this is, when it is not the DIP output: the DIP
+        output plus the method's step at its length (chosen here when the method
+        left it open, ``coefficients.info['step_length']``), or the network's
+        input image where the held-out projections preferred it
+        (``heldout_input_fallback``, ``coefficients.info['input_fallback']``).
     """
 
     variance: Tensor
@@ -361,8 +403,9 @@ class ModelErrorTerm:
                                           progress=progress, cancel=cancel)
         emit_progress(progress, "model error", 1, 1, f"{self.name}: t0 {coeffs.t0:.3g}, "
                       f"s1 {coeffs.s1:.3g}")
+        shown = mean_step is not None or coeffs.info.get("input_fallback", {}).get("used")
         return ModelErrorOutcome(var, coeffs, time.perf_counter() - t0,
-                                 reconstruction=None if mean_step is None else image)
+                                 reconstruction=image if shown else None)
 
 
 class NoModelError(ModelErrorTerm):
@@ -536,6 +579,15 @@ class HeldoutTerm(ModelErrorTerm):
                 length = heldout_step_length(problem.op, problem.y, mask, x_in, step_in, v)
             x_in = x_in + length * step_in.to(x_in)
         image = shown_image(fit, mean_step, length)
+        fallback = None
+        if mean_step is None and s.heldout_input_fallback and fit.config.net_input == "tv":
+            # the TV image itself where it predicts the left-out angles clearly better
+            # than the DIP fit from it; the coefficients then read its held-out residual
+            fallback = input_fallback(problem.op, problem.y, mask, x_in.cpu(),
+                                      dip_in.net_input.detach().reshape(x_in.shape).cpu(), v)
+            if fallback["used"]:
+                image = fit.net_input.detach().reshape(image.shape).to(image)
+                x_in = dip_in.net_input.detach().reshape(x_in.shape).to(x_in)
         rule = s.heldout_calibration_floor
         record = fit_record(problem, image) if s.heldout_noise != "given" or (
             rule in _BY_EXCESS and self.calibration is not None) else None
@@ -560,6 +612,8 @@ class HeldoutTerm(ModelErrorTerm):
             coeffs.info["step_length"] = float(length)
         if self.input_choice is not None:
             coeffs.info["net_input"] = self.input_choice
+        if fallback is not None:
+            coeffs.info["input_fallback"] = fallback
         return coeffs, self.apply(coeffs, image.cpu(), var_post), image
 
 
