@@ -11,7 +11,8 @@ the kept angles (``coefficients.<term>.net_input.per_angle`` and
 :func:`ctuq.recon.model_error.terms.input_fallback` computes it), the fit's PSNR,
 the PSNR of the input image on all angles (remade here as the fit made it: TV at
 the default weight for the true noise std, or FBP) and TV at its best weight in
-hindsight (factors 0.25–4, :func:`ctuq.bench.dip_vs_tv.tv_at_factors`); the image
+hindsight (factors 0.25–4, :func:`ctuq.bench.dip_vs_tv.tv_at_factors`, or read from
+the ``bench_dip_vs_tv.py`` documents of ``--tv-scores``); the image
 shown is the input where ``t > --t-min``. Prints one JSON document: the scans and,
 per file, the mean PSNR of the fit, of the image shown and of TV at its best
 weight, and per family the image shown minus TV at its best weight. Count scans
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics as st
 import sys
 
@@ -67,7 +69,13 @@ def scan_row(row: dict, t_min: float) -> dict | None:
                            "fit", t_min)
     # the method row of the same variant: 'heldout_auto' -> 'posterior_auto'
     method = "posterior" + key[len("heldout"):].replace("_mle", "")
-    psnr_input, tv_best, best = _truth_scores(row["id"], name, case_spec(row))
+    known = _KNOWN.get(row["id"])
+    if known is not None:  # a bench_dip_vs_tv.py document of the same scans
+        m = known["methods"]
+        psnr_input, tv_best, best = (m["tv" if name == "tv" else "fbp"]["psnr"],
+                                     m["tv_best"]["psnr"], m["tv_best"]["factor"])
+    else:
+        psnr_input, tv_best, best = _truth_scores(row["id"], name, case_spec(row))
     psnr_fit = float(row["methods"][method]["psnr"])
     used = name == "tv" and t["input"] > t_min  # as the pipeline: the TV input only
     return {"id": row["id"], "family": row["family"], "input": name, "t": t["input"],
@@ -85,6 +93,9 @@ def _scores(scan_id: str, name: str) -> tuple[float, float, float]:
     return (float(predictive.psnr(scan.truth, image.detach().cpu().numpy())),
             float(tv[best]["psnr"]), best)
 
+
+#: ``--tv-scores``: the cases of ``bench_dip_vs_tv.py`` documents by scan id.
+_KNOWN: dict[str, dict] = {}
 
 #: Case specs by scan id, for :func:`_scores` (the same scan in two files is scored once).
 _SPECS: dict[str, dict] = {}
@@ -115,7 +126,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", help="bench_calibration.py row files (auto runs)")
     ap.add_argument("--t-min", type=float, default=AUTO_INPUT_T)
+    ap.add_argument("--tv-scores", nargs="*", default=[],
+                    help="bench_dip_vs_tv.py documents of the same scans: their FBP, TV "
+                         "(default weight, true σ: the TV input) and TV at its best weight "
+                         "instead of remaking them")
     args = ap.parse_args(argv)
+    for path in args.tv_scores:
+        with open(path) as f:
+            _KNOWN.update({c["id"]: c for c in json.load(f)["cases"]})
     doc = {"script": "scripts/study_input_fallback.py", "argv": sys.argv[1:],
            "t_min": args.t_min, "files": {}}
     for path in args.files:

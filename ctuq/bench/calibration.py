@@ -226,9 +226,10 @@ def result_methods(result, truth, calibration=None, suffix: str = "") -> dict:
                                 # whether the calibration bounded the fit, and what decided it
                                 **{k: prior[k] for k in ("floor", "fit_excess") if k in prior},
                                 # the factor on σ² the held-out residuals were read with,
-                                # and the input dip.net_input = 'auto' chose
-                                **{k: info[k] for k in ("noise_scale", "net_input")
-                                   if k in info}},
+                                # the input dip.net_input = 'auto' chose, and whether the
+                                # image shown is that input (heldout_input_fallback)
+                                **{k: info[k] for k in ("noise_scale", "net_input",
+                                                        "input_fallback") if k in info}},
                     "heldout_mle": {"t0": co_mle.t0, "s1": co_mle.s1}}
     if calibration is not None:
         for name in (CALIBRATED, CONFORMAL):
