@@ -6,9 +6,9 @@ Reads ``bench_calibration.py`` row files of runs with ``dip.net_input = 'auto'``
 Gaussian scans: their rows record, for the chosen input, the held-out fit's misfit
 on every left-out angle and that of its network input, the TV (or FBP) image of
 the kept angles (``coefficients.<term>.net_input.per_angle`` and
-``input_per_angle``). Per scan: ``t`` of the input against the fit
-(:func:`ctuq.recon.model_error.heldout.preferred_input`, the fit as reference, as
-:func:`ctuq.recon.model_error.terms.input_fallback` computes it), the fit's PSNR,
+``input_per_angle``). Per scan: ``t`` of the input against the fit, by the
+pipeline's own rule (:func:`ctuq.recon.model_error.terms.input_fallback_from_misfits`),
+the fit's PSNR,
 the PSNR of the input image on all angles (remade here as the fit made it: TV at
 the default weight for the true noise std, or FBP) and TV at its best weight in
 hindsight (factors 0.25–4, :func:`ctuq.bench.dip_vs_tv.tv_at_factors`, or read from
@@ -29,20 +29,16 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics as st
 import sys
-
-import numpy as np
 
 from ctuq.bench.cases import case_spec, simulate
 from ctuq.bench.dip_vs_tv import tv_at_factors
 from ctuq.bench.runner import dump_json, read_case_file
 from ctuq.recon import predictive
 from ctuq.recon.baselines import tv_reconstruction
-from ctuq.recon.model_error.heldout import preferred_input
-from ctuq.recon.model_error.terms import AUTO_INPUT_T
+from ctuq.recon.model_error.terms import AUTO_INPUT_T, input_fallback_from_misfits
 
 
 def choice_of(row: dict) -> tuple[str, dict] | None:
@@ -64,9 +60,8 @@ def scan_row(row: dict, t_min: float) -> dict | None:
         raise SystemExit(f"{row['id']}: a count scan (module docstring)")
     key, choice = found
     name = choice["chosen"]
-    _, t = preferred_input({"fit": np.asarray(choice["per_angle"][name]),
-                            "input": np.asarray(choice["input_per_angle"][name])},
-                           "fit", t_min)
+    rule = input_fallback_from_misfits(choice["per_angle"][name],
+                                       choice["input_per_angle"][name], t_min=t_min)
     # the method row of the same variant: 'heldout_auto' -> 'posterior_auto'
     method = "posterior" + key[len("heldout"):].replace("_mle", "")
     known = _KNOWN.get(row["id"])
@@ -77,34 +72,30 @@ def scan_row(row: dict, t_min: float) -> dict | None:
     else:
         psnr_input, tv_best, best = _truth_scores(row["id"], name, case_spec(row))
     psnr_fit = float(row["methods"][method]["psnr"])
-    used = name == "tv" and t["input"] > t_min  # as the pipeline: the TV input only
-    return {"id": row["id"], "family": row["family"], "input": name, "t": t["input"],
+    used = name == "tv" and rule["used"]  # as the pipeline: the TV input only
+    return {"id": row["id"], "family": row["family"], "input": name, "t": rule["t"],
             "psnr_fit": psnr_fit, "psnr_input": psnr_input,
             "psnr_shown": psnr_input if used else psnr_fit, "fallback": used,
             "tv_best": tv_best, "tv_factor": best}
 
 
-@functools.lru_cache(maxsize=None)
-def _scores(scan_id: str, name: str) -> tuple[float, float, float]:
-    scan = simulate(_SPECS[scan_id])
-    image = (tv_reconstruction(scan.y, scan.op, noise_std=scan.sigma) if name == "tv"
-             else scan.op.fbp(scan.y.reshape(scan.op.geometry.range_shape)))
-    tv, best = tv_at_factors(scan.truth, scan.y, scan.op, scan.sigma)
-    return (float(predictive.psnr(scan.truth, image.detach().cpu().numpy())),
-            float(tv[best]["psnr"]), best)
-
-
 #: ``--tv-scores``: the cases of ``bench_dip_vs_tv.py`` documents by scan id.
 _KNOWN: dict[str, dict] = {}
 
-#: Case specs by scan id, for :func:`_scores` (the same scan in two files is scored once).
-_SPECS: dict[str, dict] = {}
+#: :func:`_truth_scores` by (scan id, input): a scan in two files is scored once.
+_SCORED: dict[tuple[str, str], tuple[float, float, float]] = {}
 
 
 def _truth_scores(scan_id: str, name: str, spec: dict) -> tuple[float, float, float]:
     """The input image's PSNR, TV's at its best weight and that weight's factor."""
-    _SPECS.setdefault(scan_id, spec)
-    return _scores(scan_id, name)
+    if (scan_id, name) not in _SCORED:
+        scan = simulate(spec)
+        image = (tv_reconstruction(scan.y, scan.op, noise_std=scan.sigma) if name == "tv"
+                 else scan.op.fbp(scan.y.reshape(scan.op.geometry.range_shape)))
+        tv, best = tv_at_factors(scan.truth, scan.y, scan.op, scan.sigma)
+        _SCORED[scan_id, name] = (float(predictive.psnr(scan.truth, image.detach().cpu().numpy())),
+                                  float(tv[best]["psnr"]), best)
+    return _SCORED[scan_id, name]
 
 
 def summary(rows: list[dict]) -> dict:

@@ -69,7 +69,7 @@ __all__ = ["ModelErrorTerm", "ModelErrorOutcome", "NoModelError", "HeldoutTerm",
            "FLOOR_CHOICES", "FLOOR_EXCESS", "FLOOR_REJECT_NATS", "fit_record",
            "floor_applies", "floor_rejection", "fit_rule", "EDGE_SHARE", "edge_concentration",
            "textured", "HELDOUT_NOISE_CHOICES", "heldout_noise_scale", "AUTO_INPUT_T",
-           "input_fallback"]
+           "input_fallback", "input_fallback_from_misfits"]
 
 #: ``heldout_calibration_floor``: when the calibration is a lower bound of the held-out fit.
 FLOOR_CHOICES = ("checked", "auto", "on", "off")
@@ -129,8 +129,18 @@ def input_fallback(op, y, out_mask, x_fit, x_input, ray_variance=None, *,
         ``used`` (bool: the input is clearly better), ``t``, ``t_min`` and
         ``heldout_misfit`` (the mean over the left-out rows, ``fit`` and ``input``).
     """
-    per_angle = {name: heldout_misfit(op, y, out_mask, x, ray_variance, per_angle=True)
-                 for name, x in (("fit", x_fit), ("input", x_input))}
+    return input_fallback_from_misfits(
+        *(heldout_misfit(op, y, out_mask, x, ray_variance, per_angle=True)
+          for x in (x_fit, x_input)), t_min=t_min)
+
+
+def input_fallback_from_misfits(fit_misfit, input_misfit, *,
+                                t_min: float = AUTO_INPUT_T) -> dict:
+    """:func:`input_fallback` from the per-angle misfits of the fit and of its input
+    (arrays of shape (n_out,), :func:`~ctuq.recon.model_error.heldout.heldout_misfit`
+    with ``per_angle``): also a recorded run's, replayed."""
+    per_angle = {"fit": np.asarray(fit_misfit, dtype=np.float64),
+                 "input": np.asarray(input_misfit, dtype=np.float64)}
     chosen, t = preferred_input(per_angle, "fit", t_min)
     return {"used": chosen == "input", "t": t["input"], "t_min": float(t_min),
             "heldout_misfit": {k: float(m.mean()) for k, m in per_angle.items()}}
@@ -584,11 +594,11 @@ class HeldoutTerm(ModelErrorTerm):
         if mean_step is None and s.heldout_input_fallback and fit.config.net_input == "tv":
             # the TV image itself where it predicts the left-out angles clearly better
             # than the DIP fit from it; the coefficients then read its held-out residual
-            fallback = input_fallback(problem.op, problem.y, mask, x_in.cpu(),
-                                      dip_in.net_input.detach().reshape(x_in.shape).cpu(), v)
+            x_input = dip_in.net_input.detach().reshape(x_in.shape).to(x_in)
+            fallback = input_fallback(problem.op, problem.y, mask, x_in, x_input, v)
             if fallback["used"]:
                 image = fit.net_input.detach().reshape(image.shape).to(image)
-                x_in = dip_in.net_input.detach().reshape(x_in.shape).to(x_in)
+                x_in = x_input
         rule = s.heldout_calibration_floor
         record = fit_record(problem, image) if s.heldout_noise != "given" or (
             rule in _BY_EXCESS and self.calibration is not None) else None
