@@ -33,7 +33,7 @@ import torch
 from scipy.optimize import minimize
 
 from ctuq.bench.runner import dump_json, read_cases
-from ctuq.bench.tuning import kept_case, score_total, score_variance, summarise
+from ctuq.bench.tuning import kept_cases, score_total, score_variance, summarise
 from ctuq.recon.model_error import ModelErrorCoefficients, edge_strength
 from ctuq.recon.model_error.coefficients import _VAR_MIN
 from ctuq.recon.model_error.names import HELDOUT
@@ -103,11 +103,8 @@ def main(argv=None):
     scales = [float(p) for p in args.scales.split(",")]
     per: dict[str, list] = {}
     cases = []
-    for r in sorted(read_cases(args.partial, "id").values(), key=lambda r: r["id"]):
-        kept = kept_case(args.arrays, r["id"])
-        if kept is None or kept[0] is None:
-            continue
-        lik, truth, x_hat, var_post = kept
+    for r, lik, truth, x_hat, var_post in kept_cases(read_cases(args.partial, "id").values(),
+                                                     args.arrays):
         row = {"id": r["id"], "condition": r["condition"]}
         for tau in taus:
             co = _half_normal_fit(lik, cal, tau, args.width)

@@ -108,6 +108,42 @@ def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
     assert bad.returncode == 2 and "--partial" in bad.stderr  # argparse: required options
 
 
+def test_t0_shrink_study_scales_the_checked_fit_and_skips_cases_without_arrays(tmp_path):
+    gen = np.random.default_rng(1)
+    size, m = 16, 40
+    x_hat = ellipses(size, seed=3).astype(np.float64)
+    var_post = np.full((size, size), 1e-4)
+    truth = x_hat + gen.standard_normal(x_hat.shape) * 0.03
+    B = gen.uniform(0, 1, (m, size * size))
+    e2 = me.edge_strength(x_hat).square().reshape(-1).numpy()
+    lik = me.HeldoutLikelihood(gen.standard_normal(m) * 1e-3, (B * 1e-4) @ B.T,
+                               (B * 1e-4) @ B.T, (B * e2) @ B.T, 1e4, 3)
+    # an excess below 1: 'checked' does not floor, t0 is the prior-held fit's
+    coefficients = {"heldout": {"fit_excess": 0.5}}
+    _store_case(tmp_path, lik, truth, x_hat, var_post, coefficients=coefficients)
+    other = {"id": "validation/ellipses/1/16/20/5", "condition": "c", "family": "ellipses",
+             "coefficients": coefficients}  # no arrays kept: skipped
+    with open(tmp_path / "cases.jsonl", "a") as f:
+        f.write(json.dumps(other) + "\n")
+    cal = me.ModelErrorCoefficients(30.0, 0.05, "calibrated").save(tmp_path / "cal.json")
+    res = subprocess.run([sys.executable, "scripts/study_heldout_t0_shrink.py", "--partial",
+                          str(tmp_path / "cases.jsonl"), "--arrays", str(tmp_path),
+                          "--calibration", str(cal), "--width", "0.5", "--factors", "0,1"],
+                         cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True, timeout=120)
+    out = json.loads(res.stdout)
+    (case,) = out["cases"]
+    row = {"id": case["id"], "condition": "c", "family": "ellipses",
+           "coefficients": coefficients}
+    tuned = clean(tuning.tune_prior_width([row], tmp_path, cal, [0.5], checked=True))
+    (direct,) = tuned["cases"]
+    # factor 1 is the rule as it stands; factor 0 holds t0 at zero and is narrower
+    assert case["t0"] == pytest.approx(direct["0.5 checked"]["t0"]) and case["t0"] > 1
+    assert case["1"]["pixel_log_likelihood"] == pytest.approx(
+        direct["0.5 checked"]["pixel_log_likelihood"])
+    assert case["0"]["coverage_2"] < case["1"]["coverage_2"]
+    assert out["summary"]["0"]["images"] == 1
+
+
 def test_correlation_tuning_script_skips_scans_kept_without_their_image(tmp_path):
     # a likelihood stored before the held-out image was kept cannot be rebuilt: listed, skipped
     gen = np.random.default_rng(1)

@@ -34,7 +34,7 @@ log = logging.getLogger("ctuq.bench.tuning")
 
 __all__ = ["KEYS", "LL_SLACK", "score_total", "score_variance", "summarise", "choose_width",
            "choose_split", "tune_prior_width", "tune_split", "choose_correlation_length",
-           "tune_correlation_length", "kept_case"]
+           "tune_correlation_length", "kept_case", "kept_cases"]
 
 #: The scores a tuning rule looks at, and ±1σ beside them: a wider interval never passes
 #: for a better one unseen (the rules do not read it yet).
@@ -129,6 +129,16 @@ def kept_case(folder, case_id: str, suffix: str = ""):
     # where the run had variants)
     x_hat = a["x_hat" + suffix] if "x_hat" + suffix in a.files else a["x_hat"]
     return lik, a["truth"], torch.as_tensor(x_hat), torch.as_tensor(a["var_post" + suffix])
+
+
+def kept_cases(rows, arrays, suffix: str = ""):
+    """``(row, held-out likelihood, truth, x̂, posterior variance)`` of every row, in the
+    order of their ids, whose run kept arrays with a held-out likelihood
+    (:func:`kept_case`); the others are skipped."""
+    for row in sorted(rows, key=lambda r: r["id"]):
+        kept = kept_case(arrays, row["id"], suffix)
+        if kept is not None and kept[0] is not None:
+            yield (row, *kept)
 
 
 def row_fit_record(row: dict, x_hat) -> dict:
