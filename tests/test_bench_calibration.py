@@ -74,10 +74,11 @@ def _store_case(folder, lik, truth, x_hat, var_post, **row):
          **row}) + "\n")
 
 
-def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
-    # a stored case whose held-out projections see nothing (tiny r, huge noise):
-    # the maximum-likelihood fit drops the model error, a prior keeps it
-    gen = np.random.default_rng(0)
+def _store_blind_case(folder, seed: int, **row):
+    """A stored 16² case whose held-out projections see nothing (tiny residuals, huge
+    noise), with a truth 0.03 off the reconstruction: the maximum-likelihood fit drops
+    the model error, a prior keeps it."""
+    gen = np.random.default_rng(seed)
     size, m = 16, 40
     x_hat = ellipses(size, seed=3).astype(np.float64)
     var_post = np.full((size, size), 1e-4)
@@ -86,7 +87,13 @@ def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
     e2 = me.edge_strength(x_hat).square().reshape(-1).numpy()
     lik = me.HeldoutLikelihood(gen.standard_normal(m) * 1e-3, (B * 1e-4) @ B.T,
                                (B * 1e-4) @ B.T, (B * e2) @ B.T, 1e4, 3)
-    _store_case(tmp_path, lik, truth, x_hat, var_post)
+    _store_case(folder, lik, truth, x_hat, var_post, **row)
+
+
+def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
+    # a stored case whose held-out projections see nothing (tiny r, huge noise):
+    # the maximum-likelihood fit drops the model error, a prior keeps it
+    _store_blind_case(tmp_path, seed=0)
     cal = me.ModelErrorCoefficients(30.0, 0.05, "calibrated").save(tmp_path / "cal.json")
     res = subprocess.run([sys.executable, "scripts/tune_heldout_prior.py", "--partial",
                           str(tmp_path / "cases.jsonl"), "--arrays", str(tmp_path),
@@ -109,18 +116,9 @@ def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
 
 
 def test_t0_shrink_study_scales_the_checked_fit_and_skips_cases_without_arrays(tmp_path):
-    gen = np.random.default_rng(1)
-    size, m = 16, 40
-    x_hat = ellipses(size, seed=3).astype(np.float64)
-    var_post = np.full((size, size), 1e-4)
-    truth = x_hat + gen.standard_normal(x_hat.shape) * 0.03
-    B = gen.uniform(0, 1, (m, size * size))
-    e2 = me.edge_strength(x_hat).square().reshape(-1).numpy()
-    lik = me.HeldoutLikelihood(gen.standard_normal(m) * 1e-3, (B * 1e-4) @ B.T,
-                               (B * 1e-4) @ B.T, (B * e2) @ B.T, 1e4, 3)
     # an excess below 1: 'checked' does not floor, t0 is the prior-held fit's
     coefficients = {"heldout": {"fit_excess": 0.5}}
-    _store_case(tmp_path, lik, truth, x_hat, var_post, coefficients=coefficients)
+    _store_blind_case(tmp_path, seed=1, coefficients=coefficients)
     other = {"id": "validation/ellipses/1/16/20/5", "condition": "c", "family": "ellipses",
              "coefficients": coefficients}  # no arrays kept: skipped
     with open(tmp_path / "cases.jsonl", "a") as f:
