@@ -115,6 +115,23 @@ def test_tune_script_refits_stored_likelihoods_for_every_width(tmp_path):
     assert bad.returncode == 2 and "--partial" in bad.stderr  # argparse: required options
 
 
+def test_tune_prior_width_skips_a_case_kept_without_a_heldout_likelihood(tmp_path):
+    # a run with another model-error term keeps its arrays but no held-out likelihood:
+    # such a case is not scored (it has nothing to refit), the others are
+    coefficients = {"heldout": {"fit_excess": 0.5}}
+    _store_blind_case(tmp_path, seed=2, coefficients=coefficients)
+    gen = np.random.default_rng(5)
+    x_hat = ellipses(16, seed=4).astype(np.float64)
+    np.savez(tmp_path / "validation_ellipses_1_16_20_5.npz", truth=x_hat, x_hat=x_hat,
+             var_post=np.full(x_hat.shape, 1e-4) + gen.uniform(0, 1e-5, x_hat.shape))
+    rows = [{"id": f"validation/ellipses/{i}/16/20/5", "condition": "c", "family": "ellipses",
+             "coefficients": coefficients} for i in (0, 1)]
+    cal = me.ModelErrorCoefficients(30.0, 0.05, "calibrated").save(tmp_path / "cal.json")
+    tuned = tuning.tune_prior_width(rows, tmp_path, cal, [0.5], checked=True)
+    assert [c["id"] for c in tuned["cases"]] == ["validation/ellipses/0/16/20/5"]
+    assert tuned["summary"]["0.5"]["images"] == 1
+
+
 def test_t0_shrink_study_scales_the_checked_fit_and_skips_cases_without_arrays(tmp_path):
     # an excess below 1: 'checked' does not floor, t0 is the prior-held fit's
     coefficients = {"heldout": {"fit_excess": 0.5}}

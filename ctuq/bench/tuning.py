@@ -183,7 +183,8 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
     ----------
     rows : list of dict
         The benchmark's case rows (``id``, ``condition``, ``family``); those
-        without arrays are skipped.
+        without arrays, or whose run kept no held-out likelihood, are skipped
+        (:func:`kept_cases`).
     arrays : path-like
         The run's arrays folder (with the ``heldout_*`` likelihood arrays).
     calibration : path-like
@@ -244,11 +245,7 @@ def tune_prior_width(rows: list[dict], arrays, calibration, widths, *,
     finite = [w for w in widths if not math.isinf(w)]  # the widths a prior can have
     per_width: dict[str, list] = {}  # candidate -> its scores per image, in order
     per_case = []
-    for r in sorted(rows, key=lambda r: r["id"]):
-        kept = kept_case(arrays, r["id"], suffix)
-        if kept is None:
-            continue
-        lik, truth, x_hat, var_post = kept
+    for r, lik, truth, x_hat, var_post in kept_cases(rows, arrays, suffix):
         row = {"id": r["id"], "condition": r["condition"], "family": r["family"]}
         record = row_fit_record(r, x_hat) if noise_rules else None  # the verdict too
         if excess_thresholds or noise_rules or checked or texture_thresholds:
