@@ -101,7 +101,7 @@ def test_uncertainty_options_translate_every_field():
 
     unc = UncertaintyConfig(prior="matern", predcp=True, n_samples=5, em_steps=3, em_tol=0.1,
                             update="em", predcp_scale=2.0, predcp_samples=7, cg_tol=1e-2,
-                            cg_max_iter=33, preconditioner_rank=44,
+                            cg_refine=2, cg_max_iter=33, preconditioner_rank=44,
                             preconditioner_max_rank=88, preconditioner_max_ratio=3.0,
                             preconditioner_grow_after=21, initial_scale="sketch",
                             initial_noise="residual", em_acceleration="anderson")
@@ -114,7 +114,7 @@ def test_uncertainty_options_translate_every_field():
     assert em.learn_lengthscales and opts["prior"] == "matern"     # Matérn + PredCP
     cg = opts["sampler"].options
     assert isinstance(opts["sampler"], CGSampler)
-    assert (cg.tol, cg.max_iter, cg.precond_rank) == (1e-2, 33, 44)
+    assert (cg.tol, cg.refine, cg.max_iter, cg.precond_rank) == (1e-2, 2, 33, 44)
     assert (cg.precond_max_rank, cg.precond_max_ratio, cg.precond_grow_after) == (88, 3.0, 21)
     assert opts["predcp"] == PredCPOptions(scale=2.0, samples=7)
     sto = uncertainty_options(UncertaintyConfig(sampler="sto", predcp=False),

@@ -38,6 +38,23 @@ def test_adjointness_every_backend(pair):
         assert abs(lhs - rhs) <= 1e-5 * abs(lhs), op.backend
 
 
+def test_float64_products_on_the_matrix_backend(pair):
+    """A float64 input is projected in float64 by the same matrix (its float32 entries),
+    adjoint to float64 round-off; ASTRA stays float32 and says so."""
+    m, a = pair
+    assert m.supports_float64 and not a.supports_float64
+    x = _rand((2, *m.domain_shape), 3).double()
+    y = _rand((2, *m.range_shape), 4).double()
+    ax, aty = m.A(x), m.A_adjoint(y)
+    assert ax.dtype == torch.float64 and aty.dtype == torch.float64
+    lhs, rhs = (ax * y).sum(), (x * aty).sum()
+    assert abs(lhs - rhs) <= 1e-12 * abs(lhs)
+    # the float32 product of the same (float32) input agrees to float32 round-off
+    assert (m.A(x.float()).double() - m.A(x.float().double())).norm() <= 1e-6 * ax.norm()
+    # ASTRA projects a float64 input in float32
+    assert a.A(x).dtype == torch.float32
+
+
 def test_matrix_and_astra_agree(pair):
     m, a = pair
     x = torch.rand(2, *m.domain_shape)

@@ -145,8 +145,8 @@ def test_cg_samples_err_in_the_data_space_by_at_most_their_residual(cg_post, exa
     """A sample's error seen through the data, ``Φ δz_j = Φ Σ Φᵀ K⁻¹ r_j``, is at most its
     solve's residual ``‖r_j‖`` (``‖Φ Σ Φᵀ K⁻¹‖ ≤ 1``), and at the toy's noise level a small
     fraction of the noise's own norm ``σ sqrt(d_y)``: the samples are exact where the data
-    decide. (At a tenth of this noise the float32 solves leave errors of the noise's size,
-    docs/dip.md §21.)"""
+    decide. (At a tenth of this noise the float32 solves leave errors of the noise's size:
+    the next test.)"""
     with torch.no_grad():
         K, Phi = exact.kernel(), exact.Phi
         B = _rhs(cg_post, exact)
@@ -160,6 +160,62 @@ def test_cg_samples_err_in_the_data_space_by_at_most_their_residual(cg_post, exa
     assert torch.all(err.norm(dim=1) <= resid + 0.05 * noise_norm)
     # 0.09 here; the same 512 samples solved to cg_tol 3e-2 err by up to 0.55
     assert float(err.norm(dim=1).max()) <= 0.2 * noise_norm
+
+
+def _data_space_errors(post, exact):
+    """Each row's (θ*, then the samples) error seen through the data, ``‖Φ δ‖``, against
+    the exact posterior's, over the noise's norm ``σ sqrt(d_y)``."""
+    with torch.no_grad():
+        K, Phi = exact.kernel(), exact.Phi
+        B = _rhs(post, exact)
+        X = torch.cholesky_solve(B.t(), torch.linalg.cholesky(K)).t()
+        W = X @ exact.phi_sigma()
+        ref = torch.cat([W[:1], exact.prior.cov_sqrt(post.state.base_u.double()) - W[1:]])
+        got = torch.cat([post.theta_star[None], post.z]).double()
+        err = ((got - ref) @ Phi.t()).norm(dim=1)
+    return err / math.sqrt(exact._sigma2().item() * exact.d_y)
+
+
+def test_float64_refinement_makes_low_noise_samples_exact_where_the_data_decide(
+        lik, problem, prior):
+    """At a tenth of the toy's noise (λ_max(K)/σ² ≈ 5e8) the float32 solve reports
+    convergence with θ* and the samples off by more than the noise's norm in the data
+    space; one round of refinement with float64 residuals brings them below a tenth of
+    it, and the reported bound is one (docs/dip.md §21)."""
+    s2 = (0.1 * problem.noise_std) ** 2
+    exact = ExactPosterior(lik, prior, s2)
+    kw = dict(generator=torch.Generator().manual_seed(3))
+    plain = sample_posterior(lik, prior, s2, 8, **kw)
+    refined = sample_posterior(lik, prior, s2, 8, refine=3, **kw)
+    before, after = _data_space_errors(plain, exact), _data_space_errors(refined, exact)
+    assert plain.info["converged"] and float(before.max()) > 1.0
+    rec = refined.info["refine"]
+    assert rec["supported"] and rec["rounds"] >= 1
+    # the bound before refining is one too, and it saw the float32 solve's error
+    assert rec["data_error_start"] >= float(before[1:].max()) * 0.99 - 1e-6
+    assert float(after.max()) <= 0.1
+    # the reported data error bounds the samples' (z is formed in float64 from X)
+    assert float(after[1:].max()) <= rec["data_error"] * 1.01 + 1e-6
+    assert refined.state.solution.dtype == torch.float32     # warm starts as before
+    # where the float32 solve is already within the bound nothing is refined
+    again = sample_posterior(lik, prior, problem.noise_std ** 2, 4, refine=3, **kw)
+    assert again.info["refine"]["rounds"] == 0 and again.info["refine"]["data_error"] < 0.1
+
+
+def test_refinement_is_skipped_where_the_likelihood_cannot_compute_in_float64(
+        problem, lin, prior):
+    from ctuq.data.operators import RayTransform
+    from ctuq.recon.evidence import ct_likelihood
+
+    lik_astra = ct_likelihood(lin, RayTransform(problem.op.geometry, backend="astra"),
+                              problem.y)
+    assert not lik_astra.supports_float64
+    post = sample_posterior(lik_astra, prior, problem.noise_std ** 2, 2, refine=2,
+                            generator=torch.Generator().manual_seed(0))
+    assert post.info["refine"] == {"supported": False, "rounds": 0, "iterations": 0,
+                                   "products": 0, "data_error": None,
+                                   "data_error_start": None}
+    assert post.z.dtype == torch.float32
 
 
 def test_preconditioner_reduces_cg_iterations(lik, problem, lin, prior):

@@ -273,8 +273,9 @@ class CsrPair:
             self._t = CsrPair(self.mat_t, self.mat, self)
         return self._t
 
-    def to(self, device) -> "CsrPair":
-        return CsrPair(self.mat.to(device), self.mat_t.to(device))
+    def to(self, device=None, dtype=None) -> "CsrPair":
+        return CsrPair(self.mat.to(device=device, dtype=dtype),
+                       self.mat_t.to(device=device, dtype=dtype))
 
 
 class _CsrMatmul(torch.autograd.Function):
@@ -374,6 +375,7 @@ class RayTransform(torch.nn.Module):
             backend = self._choose_backend(max_matrix_bytes)
         self.backend = backend
         self._odl = None  # (ray_trafo, fbp_op, adjoint scale), built lazily
+        self._pair64 = None  # the matrix in float64, made on the first float64 product
         if backend == "matrix":
             mat = system_matrix(geometry, use_cache=use_cache)
             self._pair = CsrPair(_to_torch_csr(mat, self._device),
@@ -402,7 +404,7 @@ class RayTransform(torch.nn.Module):
             self._device = probe.device
             if self.backend == "matrix":
                 self._pair = self._pair.to(self._device)
-            self._odl = None
+            self._odl, self._pair64 = None, None
         return self
 
     @property
@@ -468,13 +470,23 @@ class RayTransform(torch.nn.Module):
         if t.numel() == 0:
             return t.new_zeros(*lead, *out_shape)
         flat = t.reshape(-1, in_shape[0] * in_shape[1])
-        if self.backend == "matrix":
+        if self.backend == "matrix" and flat.dtype == torch.float64:
+            if self._pair64 is None:
+                self._pair64 = self._pair.to(dtype=torch.float64)
+            out = _CsrMatmul.apply(flat, self._pair64 if forward else self._pair64.T)
+        elif self.backend == "matrix":
             pair = self._pair if forward else self._pair.T
             out = _CsrMatmul.apply(flat.float(), pair)
         else:
             fwd, adj = self._odl_flat_maps()
             out = _OdlLinear.apply(flat.float(), *((fwd, adj) if forward else (adj, fwd)))
         return out.reshape(*lead, *out_shape)
+
+    @property
+    def supports_float64(self) -> bool:
+        """Whether float64 inputs are projected in float64 (the matrix backend: the same
+        float32 entries, summed in float64); ASTRA's projectors compute in float32."""
+        return self.backend == "matrix"
 
     def A(self, x: torch.Tensor) -> torch.Tensor:
         """Forward projection.
@@ -486,6 +498,7 @@ class RayTransform(torch.nn.Module):
         Returns
         -------
         Tensor, shape (..., n_angles, n_detector)
+            float32; float64 for a float64 ``x`` where :attr:`supports_float64`.
         """
         return self._apply_linear(x, self.domain_shape, self.range_shape, True, "image")
 
@@ -499,6 +512,7 @@ class RayTransform(torch.nn.Module):
         Returns
         -------
         Tensor, shape (..., n0, n1)
+            float32; float64 for a float64 ``y`` where :attr:`supports_float64`.
         """
         return self._apply_linear(y, self.range_shape, self.domain_shape, False, "sinogram")
 

@@ -196,10 +196,15 @@ def _full_vector(prior: GaussianPrior, sigma2: float) -> Tensor:
 
 
 def _solve_record(sample: PosteriorSample) -> dict:
-    """How an E-step's solves ended, as its trace entry records it."""
-    return {"solver_iterations": int(sample.info.get("iterations", 0)),
+    """How an E-step's solves ended, as its trace entry records it (with a float64
+    refinement, its correction solves' iterations counted and ``solver_data_error``:
+    the samples' error seen through the data over the noise's norm, at most)."""
+    refine = sample.info.get("refine") or {}
+    return {"solver_iterations": int(sample.info.get("iterations", 0))
+            + int(refine.get("iterations", 0)),
             "solver_converged": bool(sample.info.get("converged", True)),
             "solver_residual": max_residual(sample.info),
+            "solver_data_error": refine.get("data_error"),
             "precond_rank": int(sample.info.get("precond_rank", 0))}
 
 

@@ -79,6 +79,10 @@ class Likelihood:
     def _diag_normal_exact(self) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
+    #: Whether ``phi``/``phi_t`` compute in float64 when given float64 (a sampler's
+    #: refinement needs it); a subclass that can says so.
+    supports_float64: bool = False
+
     # -- shared ---------------------------------------------------------------------
     @property
     def num_params(self) -> int:
@@ -311,11 +315,21 @@ class LinearGaussianLikelihood(Likelihood):
         full.index_copy_(-2, idx, s)
         return self.operator.A_adjoint(full)
 
+    @property
+    def supports_float64(self) -> bool:
+        """Whether ``phi``/``phi_t`` compute in float64 when given float64 (the network
+        recomputed in float64 and an operator that projects in float64)."""
+        return bool(getattr(self.raw_operator, "supports_float64", False))
+
     def phi(self, v: Tensor, idx: Tensor | None = None) -> Tensor:
-        return self.A_subset(self.lin.jvp(v), idx)
+        """``Φ_S v``; in float64 for a float64 ``v`` where :attr:`supports_float64`."""
+        dtype = torch.float64 if v.dtype == torch.float64 and self.supports_float64 else None
+        return self.A_subset(self.lin.jvp(v, dtype), idx)
 
     def phi_t(self, u: Tensor, idx: Tensor | None = None) -> Tensor:
-        return self.lin.vjp(self.A_adjoint_subset(u, idx))
+        """``Φ_Sᵀ u``; in float64 for a float64 ``u`` where :attr:`supports_float64`."""
+        dtype = torch.float64 if u.dtype == torch.float64 and self.supports_float64 else None
+        return self.lin.vjp(self.A_adjoint_subset(u, idx), dtype)
 
     def normal(self, v: Tensor, idx: Tensor | None = None,
                target: Tensor | None = None) -> Tensor:

@@ -343,6 +343,7 @@ class Linearization:
         self.out_shape = tuple(out.shape)
         self.x_hat = out.reshape(self.image_shape)
         self._vjp_fn: Callable | None = None
+        self._float64: tuple | None = None  # (f, θ̃, VJP) of the network in float64
         self._act_numel: int | None = None
         self.chunk_size: int | None = (
             auto_chunk_size(self.activation_numel(), self.device) if auto
@@ -418,6 +419,20 @@ class Linearization:
                                   self.theta_hat)
         return self._vjp_fn
 
+    def _in_float64(self) -> tuple:
+        """``(f, θ̃, VJP)`` of the network recomputed in float64 (made once)."""
+        if self._float64 is None:
+            fixed = {k: v.double() if v.is_floating_point() else v
+                     for k, v in self._fixed.items()}
+            inp = self.net_input.double()
+
+            def f(th):
+                return self._f_raw(th, fixed, inp).reshape(self.image_shape)
+
+            theta = self.theta_hat.double()
+            self._float64 = (f, theta, vjp(f, theta)[1])
+        return self._float64
+
     def _batched(self, fn: Callable, v: Tensor) -> Tensor:
         if self._vectorize:
             try:
@@ -428,41 +443,54 @@ class Linearization:
         return torch.stack([fn(vi) for vi in v])
 
     @in_full_float32
-    def jvp(self, v: Tensor) -> Tensor:
+    def jvp(self, v: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """``J v`` for a batch of parameter-space vectors.
 
         Parameters
         ----------
         v : Tensor, shape (k, d_θ) or (d_θ,)
+        dtype : torch.dtype, optional
+            ``torch.float64``: the network recomputed in double precision
+            (about twice the cost; for residuals that float32 cannot resolve).
+            Default None: :attr:`dtype` (float32).
 
         Returns
         -------
         Tensor, shape (k, H, W) (or (H, W) for a single vector)
         """
         single = v.ndim == 1
-        v = v.reshape(-1, self.num_params).to(self.dtype)
+        double = dtype == torch.float64
+        v = v.reshape(-1, self.num_params).to(torch.float64 if double else self.dtype)
         if v.shape[0] == 0:
             return v.new_zeros(0, *self.image_shape)
-        out = torch.cat([self._batched(self._jvp_one, c) for c in self._chunks(v)])
+        if double:
+            f, theta, _ = self._in_float64()
+            one = lambda vi: jvp(f, (theta,), (vi,))[1]  # noqa: E731
+        else:
+            one = self._jvp_one
+        out = torch.cat([self._batched(one, c) for c in self._chunks(v)])
         return out[0] if single else out
 
     @in_full_float32
-    def vjp(self, u: Tensor) -> Tensor:
+    def vjp(self, u: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """``Jᵀ u`` for a batch of image-space vectors.
 
         Parameters
         ----------
         u : Tensor, shape (k, H, W) or (H, W)
+        dtype : torch.dtype, optional
+            As for :meth:`jvp`. Default None: :attr:`dtype` (float32).
 
         Returns
         -------
         Tensor, shape (k, d_θ) (or (d_θ,) for a single image)
         """
         single = u.ndim == len(self.image_shape)
-        u = u.reshape(-1, *self.image_shape).to(self.dtype)
+        double = dtype == torch.float64
+        u = u.reshape(-1, *self.image_shape).to(torch.float64 if double else self.dtype)
         if u.shape[0] == 0:
             return u.new_zeros(0, self.num_params)
-        fn = self._get_vjp_fn()
+        fn = self._in_float64()[2] if double else self._get_vjp_fn()
         out = torch.cat([self._batched(lambda ui: fn(ui)[0], c) for c in self._chunks(u)])
         return out[0] if single else out
 
@@ -518,6 +546,8 @@ class Linearization:
                  dtype, n_out * d * itemsize / 1e6, chunk_size)
         if dtype == self.dtype:
             fn = self._get_vjp_fn()
+        elif dtype == torch.float64:
+            fn = self._in_float64()[2]
         else:
             fixed = {k: v.to(dtype) if v.is_floating_point() else v
                      for k, v in self._fixed.items()}

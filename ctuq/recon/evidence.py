@@ -68,7 +68,7 @@ def uncertainty_options(unc, *, learn_noise: bool, seed: int = 0) -> dict:
     -------
     dict
         The keyword arguments ``prior`` (kind), ``em`` (EMOptions),
-        ``sampler`` (CGSampler with ``cg_tol``, ``cg_max_iter``,
+        ``sampler`` (CGSampler with ``cg_tol``, ``cg_max_iter``, ``cg_refine``,
         ``preconditioner_rank``, adaptive up to ``preconditioner_max_rank``
         on ``preconditioner_max_ratio`` and ``preconditioner_grow_after``;
         or STOSampler with ``sto_iterations`` steps
@@ -88,6 +88,7 @@ def uncertainty_options(unc, *, learn_noise: bool, seed: int = 0) -> dict:
                    seed=int(seed))
     if unc.sampler == "cg":
         sampler = CGSampler(CGOptions(tol=float(unc.cg_tol), max_iter=int(unc.cg_max_iter),
+                                      refine=int(unc.cg_refine),
                                       precond_rank=int(unc.preconditioner_rank),
                                       precond_max_rank=unc.preconditioner_max_rank,
                                       precond_max_ratio=(

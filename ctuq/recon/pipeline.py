@@ -517,17 +517,21 @@ def solver_outcome(trace: list[dict]) -> dict:
     ``max_residual`` (the largest relative residual; None where the method reports none),
     the largest preconditioner rank (``max_precond_rank``; None without one: an adaptive
     rank shows its growth here), the solver iterations summed over the steps
-    (``solver_iterations``) and the EM's seconds (``em_s``)."""
+    (``solver_iterations``), the EM's seconds (``em_s``) and, with ``cg_refine``, the
+    largest certified data-space error of the samples over the noise's norm
+    (``max_data_error``; None without refinement)."""
     kept = [t for t in trace if not t.get("rejected")]  # discarded E-steps do not count
     residuals = [t["solver_residual"] for t in kept if t.get("solver_residual") is not None]
     ranks = [t["precond_rank"] for t in trace if t.get("precond_rank")]
+    errors = [t["solver_data_error"] for t in kept if t.get("solver_data_error") is not None]
     return {"em_steps": len(trace),
             "solver_iterations": int(sum(t.get("solver_iterations") or 0 for t in trace)),
             "em_s": float(sum(t.get("seconds") or 0.0 for t in trace)),
             "unconverged": sum(t.get("solver_converged") is False for t in kept),
             "rejected": len(trace) - len(kept),
             "max_residual": max(residuals) if residuals else None,
-            "max_precond_rank": max(ranks) if ranks else None}
+            "max_precond_rank": max(ranks) if ranks else None,
+            "max_data_error": max(errors) if errors else None}
 
 
 def solver_warnings(traces: list[list[dict]]) -> list[str]:

@@ -77,6 +77,15 @@ class LaplaceSettings:
         Relative residual of the CG solves. Default 1e-3.
     cg_max_iter : int
         CG iteration cap. Default 200.
+    cg_refine : int
+        Rounds of float64 refinement after each CG solve, at most: the
+        residual is recomputed in double precision and the correction solved
+        again until every sample's error seen through the data is below a
+        tenth of the noise's norm. At low noise the float32 solve alone
+        leaves that error at the noise's size or above while it reports
+        convergence (docs/dip.md §21). Costs one float64 product per solve,
+        and a second solve where it refines; needs the matrix backend of the
+        ray transform (skipped with a log note on the ASTRA one). Default 0: off.
     preconditioner_rank : int
         Rank of the Nyström preconditioner (with ``preconditioner_max_rank``
         the first rank tried). Default 100 (the presets for 64² and larger
@@ -152,6 +161,9 @@ class LaplaceSettings:
                             doc="Relative residual of the CG solves.")
     cg_max_iter: int = setting(200, kind=int, minimum=1, maximum=100_000,
                                doc="CG iteration cap.")
+    cg_refine: int = setting(0, kind=int, minimum=0, maximum=100,
+                             doc="Rounds of float64 refinement after each CG solve "
+                                 "(0: off).")
     preconditioner_rank: int = setting(100, kind=int, minimum=1, maximum=100_000,
                                        doc="Rank of the Nystrom preconditioner.")
     preconditioner_max_rank: int | None = setting(
