@@ -860,3 +860,28 @@ def test_the_total_gamma_is_the_matheron_sum_and_does_not_follow_the_solves_erro
                       - stats[1e-7][e].gamma_total_samples).abs().mean())
 
     assert moved("matheron") < 0.2 * moved("phi")
+
+
+def test_cg_refine_reaches_the_em_trace_and_the_solver_outcome():
+    """``uncertainty.laplace.cg_refine`` from the settings to the sampler and back: at a
+    tenth of the scan's noise the E-step's samples are certified within a tenth of the
+    noise's norm, and the trace and :func:`solver_outcome` say so (the certificate against
+    the exact posterior: ``tests/test_sampling.py``)."""
+    from conftest import small_dip_problem
+
+    from ctuq.recon.evidence import fit_posterior, uncertainty_options
+    from ctuq.recon.methods.laplace import LaplaceSettings
+    from ctuq.recon.pipeline import solver_outcome
+
+    p = small_dip_problem(80)
+    # one E-step: its float32 solve leaves the samples 1.1 σ sqrt(d_y) off in the data
+    opts = uncertainty_options(LaplaceSettings(n_samples=4, em_steps=1, cg_refine=2),
+                               learn_noise=False, seed=0)
+    assert opts["sampler"].options.refine == 2
+    post = fit_posterior(p.lin, p.op, p.y, (0.1 * p.sigma) ** 2, **opts, likelihood=p.lik)
+    errors = [t["solver_data_error"] for t in post.trace]
+    assert errors and all(e is not None and e <= 0.1 for e in errors)
+    assert solver_outcome(post.trace)["max_data_error"] == max(errors)
+    # without refinement the trace has no certificate
+    assert solver_outcome([{**t, "solver_data_error": None}
+                           for t in post.trace])["max_data_error"] is None

@@ -198,8 +198,40 @@ def test_float64_refinement_makes_low_noise_samples_exact_where_the_data_decide(
     assert float(after[1:].max()) <= rec["data_error"] * 1.01 + 1e-6
     assert refined.state.solution.dtype == torch.float32     # warm starts as before
     # where the float32 solve is already within the bound nothing is refined
-    again = sample_posterior(lik, prior, problem.noise_std ** 2, 4, refine=3, **kw)
+    # (the float32 solve's samples, unchanged)
+    again, plain_again = (sample_posterior(lik, prior, problem.noise_std ** 2, 4,
+                                           generator=torch.Generator().manual_seed(4), **r)
+                          for r in ({"refine": 3}, {}))
     assert again.info["refine"]["rounds"] == 0 and again.info["refine"]["data_error"] < 0.1
+    assert torch.equal(again.z, plain_again.z) and torch.equal(again.theta_star,
+                                                                plain_again.theta_star)
+
+
+def test_refinement_stops_when_a_round_makes_no_progress():
+    """A correction solve that cannot reduce the residual (here an indefinite ``K``, what
+    a preconditioner far from ``K`` and float32 make of a stiff system) ends the
+    refinement after that round instead of running every round; the record keeps the
+    bound as it stands."""
+    from types import SimpleNamespace
+
+    gen = torch.Generator().manual_seed(1)
+    Q = torch.linalg.qr(torch.randn(40, 40, generator=gen, dtype=D64)).Q
+    eig = torch.cat([torch.logspace(0, 2, 30, dtype=D64), -torch.logspace(-3, 0, 10, dtype=D64)])
+    Kmat = Q @ torch.diag(eig) @ Q.t()
+
+    class Kernel:
+        likelihood = SimpleNamespace(supports_float64=True)
+        d_y = 40
+
+        def __call__(self, X):
+            return X @ Kmat.to(X.dtype)
+
+    B = torch.randn(3, 40, generator=gen)
+    X, rec = CGSampler._refine(CGOptions(refine=5, max_iter=30, patience=5), Kernel(), B,
+                               torch.zeros_like(B), None, 1e-4, None)
+    assert rec["supported"] and rec["rounds"] <= 2 < 5
+    assert rec["data_error"] == pytest.approx(
+        float((B.double() - X @ Kmat).norm(dim=1).max()) / math.sqrt(1e-4 * 40), rel=1e-6)
 
 
 def test_refinement_is_skipped_where_the_likelihood_cannot_compute_in_float64(

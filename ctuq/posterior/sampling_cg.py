@@ -60,7 +60,8 @@ class CGOptions:
         is at most ``‖r_j‖``: at low noise the float32 solve alone leaves it at
         the noise's size or above (``b_j`` is dominated by the prior draw, and
         float32 products cannot resolve the rest; docs/dip.md §21), one round
-        takes it down about a thousandfold. Needs a likelihood that
+        takes it down about a thousandfold. Where no round was needed the samples
+        are the float32 solve's, unchanged. Needs a likelihood that
         ``supports_float64`` (CT on the matrix backend); elsewhere it is
         skipped with a note in the log. Default 0: off.
     refine_tol : float
@@ -408,7 +409,7 @@ class CGSampler(Sampler):
         bound = options.refine_tol * noise_norm
         B, X = rhs.double(), X.double()
         rounds = iterations = products = 0
-        start = None
+        start = last = None
         while True:
             R = B - kern(X)
             products += 1
@@ -417,6 +418,12 @@ class CGSampler(Sampler):
             todo = rn > bound
             if not bool(todo.any()) or rounds >= options.refine:
                 break
+            if last is not None and float(rn.max()) > 0.5 * last:
+                # the correction solve stalls (a preconditioner far from this K, as at an
+                # EM's first noise level): more rounds would cost without helping
+                log.info("CG refinement stopped: no progress in round %d", rounds)
+                break
+            last = float(rn.max())
             # a row already within the bound gets a zero right-hand side: done at once
             scale = torch.where(todo, rn, torch.ones_like(rn)).unsqueeze(1)
             # the correction need only shrink the residual to the bound (a next round
@@ -437,6 +444,10 @@ class CGSampler(Sampler):
         log.info("CG refinement: %d rounds, %d iterations; data-space error at most %.2e of "
                  "the noise's norm (%.2e before)", rounds, iterations,
                  float(rn.max()) / noise_norm, start)
+        if rounds == 0:
+            # nothing corrected: the samples stay those of the float32 solve, formed in
+            # float32 (a float64 product costs several float32 ones on a CPU)
+            X = X.to(rhs.dtype)
         return X, {"supported": True, "rounds": rounds, "iterations": iterations,
                    "products": products, "data_error": float(rn.max()) / noise_norm,
                    "data_error_start": start}
