@@ -54,14 +54,15 @@ class CGOptions:
         Rounds of iterative refinement after the solve, at most: the residual
         ``r_j = b_j − K x_j`` is computed in float64 (the network and the
         operator recomputed in double precision) and ``K d_j = r_j`` solved
-        again in float32, while some ``‖r_j‖`` exceeds
-        ``refine_tol · σ sqrt(d_y)``; the samples are then formed in float64.
-        A sample's error seen through the data, ``Φ δz_j = Φ Σ Φᵀ K⁻¹ r_j``,
-        is at most ``‖r_j‖``: at low noise the float32 solve alone leaves it at
-        the noise's size or above (``b_j`` is dominated by the prior draw, and
-        float32 products cannot resolve the rest; docs/dip.md §21), one round
-        takes it down about a thousandfold. Where no round was needed the samples
-        are the float32 solve's, unchanged. Needs a likelihood that
+        again in float32 (to the looser of ``tol`` and what the bound needs),
+        while some ``‖r_j‖`` exceeds ``refine_tol · σ sqrt(d_y)`` and each round
+        at least halves the largest; after a round the samples are formed in
+        float64. A sample's error seen through the data,
+        ``Φ δz_j = Φ Σ Φᵀ K⁻¹ r_j``, is at most ``‖r_j‖``: at low noise the
+        float32 solve alone leaves it at the noise's size or above (float32
+        products cannot resolve it; docs/dip.md §21), one or two rounds bring
+        it below the bound. Where no round was needed the samples are the
+        float32 solve's, unchanged. Needs a likelihood that
         ``supports_float64`` (CT on the matrix backend); elsewhere it is
         skipped with a note in the log. Default 0: off.
     refine_tol : float
