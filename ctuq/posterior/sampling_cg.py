@@ -340,6 +340,24 @@ def batched_cg(apply_K: Callable[[Tensor], Tensor], B: Tensor, *, X0: Tensor | N
 
 
 
+def _stage(options: CGOptions, kern: ObservationKernel, B: Tensor, precond, noise_var: float,
+           *, tol: float, max_iter: int, X0: Tensor | None = None,
+           callback=None) -> tuple[Tensor, dict, int]:
+    """One :func:`batched_cg` run of ``K X = B`` with ``options``' solver settings and the
+    Nyström ``precond`` (or none): ``(X, info, K products)``. Every iteration is one
+    product; a run adds one for a warm start's initial residual and one per true
+    residual it recomputed."""
+    X, info = batched_cg(kern, B, X0=X0,
+                         precond=(lambda R: precond(R, noise_var))
+                         if precond is not None else None,
+                         tol=tol, max_iter=max_iter, check_every=options.check_every,
+                         patience=options.patience, true_residual=options.true_residual,
+                         norm=options.norm, callback=callback)
+    products = (info["iterations"] + (X0 is not None)
+                + bool(options.true_residual) * (1 + info["restarts"]))
+    return X, info, products
+
+
 def _nystrom(options: CGOptions, kern: ObservationKernel, hyper, rank: int, gen, progress,
              cancel, stage: str, keep: bool) -> NystromPreconditioner:
     """The Nyström preconditioner of ``kern.P`` at ``rank`` with ``options``' sketch settings
@@ -401,7 +419,8 @@ class CGSampler(Sampler):
         ``rounds``, ``iterations`` (of the correction solves), ``products`` (K products,
         the float64 ones included), ``data_error`` (the largest ``‖r_j‖ / (σ sqrt(d_y))``
         at the end, a bound on the samples' error seen through the data),
-        ``data_error_start`` (the same before refining) and ``supported`` (False: the likelihood cannot compute in float64, nothing done)."""
+        ``data_error_start`` (the same before refining) and ``supported`` (False: the
+        likelihood cannot compute in float64, nothing done)."""
         if not kern.likelihood.supports_float64:
             log.info("CG refinement skipped: the likelihood does not compute in float64")
             return X, {"supported": False, "rounds": 0, "iterations": 0, "products": 0,
@@ -415,43 +434,40 @@ class CGSampler(Sampler):
             R = B - kern(X)
             products += 1
             rn = R.norm(dim=1)
-            start = float(rn.max()) / noise_norm if start is None else start
+            worst = float(rn.max())
+            start = worst if start is None else start
             todo = rn > bound
             if not bool(todo.any()) or rounds >= options.refine:
                 break
-            if last is not None and float(rn.max()) > 0.5 * last:
+            if last is not None and worst > 0.5 * last:
                 # the correction solve stalls (a preconditioner far from this K, as at an
                 # EM's first noise level): more rounds would cost without helping
                 log.info("CG refinement stopped: no progress in round %d", rounds)
                 break
-            last = float(rn.max())
+            last = worst
             # a row already within the bound gets a zero right-hand side: done at once
             scale = torch.where(todo, rn, torch.ones_like(rn)).unsqueeze(1)
             # the correction need only shrink the residual to the bound (a next round
             # checks it): on the 28² toy at a thirtieth of its noise this halves its
             # iterations against the outer solve's tolerance
-            corr_tol = min(0.1, max(options.tol, 0.5 * bound / float(rn.max())))
-            D, info = batched_cg(kern, (R * todo.unsqueeze(1) / scale).to(rhs.dtype),
-                                 precond=(lambda V, pc=precond: pc(V, noise_var))
-                                 if precond is not None else None,
-                                 tol=corr_tol, max_iter=options.max_iter,
-                                 check_every=options.check_every, patience=options.patience,
-                                 true_residual=options.true_residual, norm=options.norm,
-                                 callback=callback)
+            corr_tol = min(0.1, max(options.tol, 0.5 * bound / worst))
+            D, info, n = _stage(options, kern, (R * todo.unsqueeze(1) / scale).to(rhs.dtype),
+                                precond, noise_var, tol=corr_tol, max_iter=options.max_iter,
+                                callback=callback)
             X = X + D.double() * scale
             rounds += 1
             iterations += info["iterations"]
-            products += info["iterations"] + bool(options.true_residual) * (1 + info["restarts"])
+            products += n
         log.info("CG refinement: %d rounds, %d iterations; data-space error at most %.2e of "
                  "the noise's norm (%.2e before)", rounds, iterations,
-                 float(rn.max()) / noise_norm, start)
+                 worst / noise_norm, start / noise_norm)
         if rounds == 0:
             # nothing corrected: the samples stay those of the float32 solve, formed in
             # float32 (a float64 product costs several float32 ones on a CPU)
             X = X.to(rhs.dtype)
         return X, {"supported": True, "rounds": rounds, "iterations": iterations,
-                   "products": products, "data_error": float(rn.max()) / noise_norm,
-                   "data_error_start": start}
+                   "products": products, "data_error": worst / noise_norm,
+                   "data_error_start": start / noise_norm}
 
     def _solve(self, options, likelihood, prior, noise_var, u, e, gen, warm: WarmStart,
                theta_star0, z0, progress, cancel, stage) -> PosteriorSample:
@@ -510,20 +526,13 @@ class CGSampler(Sampler):
             can_grow = (adaptive and options.precond_grow_after is not None
                         and precond is not None and not warm.forced
                         and precond.rank < min(options.precond_max_rank, kern.d_y))
-            X, info = batched_cg(kern, rhs, X0=X0,
-                                 precond=(lambda R, pc=precond: pc(R, noise_var))
-                                 if precond is not None else None,
-                                 tol=options.tol,
-                                 max_iter=(min(options.precond_grow_after, options.max_iter)
-                                           if can_grow else options.max_iter),
-                                 check_every=options.check_every, patience=options.patience,
-                                 true_residual=options.true_residual, norm=options.norm,
-                                 callback=callback)
+            X, info, n = _stage(options, kern, rhs, precond, noise_var, X0=X0,
+                                tol=options.tol,
+                                max_iter=(min(options.precond_grow_after, options.max_iter)
+                                          if can_grow else options.max_iter),
+                                callback=callback)
             done += info["iterations"]
-            # every iteration is one K product; a stage adds one for a warm start's initial
-            # residual and one per true residual it recomputed
-            products += (info["iterations"] + (X0 is not None)
-                         + bool(options.true_residual) * (1 + info["restarts"]))
+            products += n
             if info["converged"] or not can_grow:
                 break
             growths.append({"rank": precond.rank, "iterations": info["iterations"],
