@@ -201,6 +201,39 @@ def test_float64_refinement_makes_low_noise_samples_exact_where_the_data_decide(
     assert again.info["refine"]["rounds"] == 0 and again.info["refine"]["data_error"] < 0.1
     assert torch.equal(again.z, plain_again.z) and torch.equal(again.theta_star,
                                                                 plain_again.theta_star)
+    assert rec["checked"] == "float64"
+
+
+def test_refinement_certificate_bounds_the_exact_residual_with_or_without_float64(
+        lik, problem, prior):
+    """The refinement's certificate bounds the samples' error seen through the data
+    whether it came from the float32 solve and its round-off bound (no float64 product:
+    at and above the toy's noise; there it bounds the solve's exact residual
+    ``‖b_j − K x_j‖`` too, dense float64 ``K``) or from float64 residuals (at a fifth of
+    the noise, where the float32 solve's own residual is not small enough)."""
+    checked = {}
+    for factor in (2.0, 1.0, 0.5, 0.2):
+        s2 = (factor * problem.noise_std) ** 2
+        exact = ExactPosterior(lik, prior, s2)
+        post = sample_posterior(lik, prior, s2, 6, refine=3,
+                                generator=torch.Generator().manual_seed(5))
+        rec = post.info["refine"]
+        assert rec["data_error"] <= 0.1
+        err = float(_data_space_errors(post, exact).max())
+        if rec["checked"] == "float32":   # the solution is the certified float32 one
+            with torch.no_grad():
+                resid = _rhs(post, exact) - post.state.solution.double() @ exact.kernel()
+            true = resid.norm(dim=1).max() / math.sqrt(s2 * exact.d_y)
+            assert float(true) <= rec["data_error"], (factor, rec)
+        if rec["rounds"] == 0:
+            # θ* and z formed from the float32 solution by float32 products: their
+            # round-off beside the bound, as in the test above
+            assert err <= rec["data_error"] + 0.05, (factor, err)
+        else:                             # formed in float64 from the refined solution
+            assert err <= rec["data_error"] * 1.01 + 1e-9, (factor, err)
+        checked[factor] = rec["checked"]
+    assert checked[2.0] == checked[1.0] == "float32"
+    assert checked[0.2] == "float64"
 
 
 def test_refinement_stops_when_a_round_makes_no_progress():
@@ -240,7 +273,8 @@ def test_refinement_is_skipped_where_the_likelihood_cannot_compute_in_float64(
     assert not lik_astra.supports_float64
     post = sample_posterior(lik_astra, prior, problem.noise_std ** 2, 2, refine=2,
                             generator=torch.Generator().manual_seed(0))
-    assert post.info["refine"] == {"supported": False, "rounds": 0, "iterations": 0,
+    assert post.info["refine"] == {"supported": False, "checked": None, "rounds": 0,
+                                   "iterations": 0,
                                    "products": 0, "data_error": None,
                                    "data_error_start": None}
     assert post.z.dtype == torch.float32
