@@ -193,6 +193,7 @@ def test_float64_refinement_makes_low_noise_samples_exact_where_the_data_decide(
     # the reported data error bounds the samples' (z is formed in float64 from X)
     assert float(after[1:].max()) <= rec["data_error"] * 1.01 + 1e-6
     assert refined.state.solution.dtype == torch.float32     # warm starts as before
+    assert lik.lin._float64 is None   # the float64 network released after the solve
     # where the float32 solve is already within the bound nothing is refined
     # (the float32 solve's samples, unchanged)
     again, plain_again = (sample_posterior(lik, prior, problem.noise_std ** 2, 4,

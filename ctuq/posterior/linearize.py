@@ -419,6 +419,13 @@ class Linearization:
                                   self.theta_hat)
         return self._vjp_fn
 
+    def release_float64(self) -> None:
+        """Drop the float64 copy of the network that :meth:`jvp`/:meth:`vjp` with
+        ``dtype=torch.float64`` make: its VJP holds a double-precision forward pass,
+        twice the float32 one's memory (a sampler's refinement calls this after each
+        solve; the next float64 product makes it again)."""
+        self._float64 = None
+
     def _in_float64(self) -> tuple:
         """``(f, θ̃, VJP)`` of the network recomputed in float64 (made once)."""
         if self._float64 is None:

@@ -593,6 +593,9 @@ class CGSampler(Sampler):
         t_solve = time.perf_counter() - t1 - t_grow  # the sketches count as setup
         t_setup += t_grow
         W = kern.sigma_phi_t(X)
+        if refined is not None and refined["checked"] == "float64":
+            # the float64 network's forward pass is not needed until the next solve's check
+            getattr(likelihood.lin, "release_float64", lambda: None)()
         theta_star = W[0].to(theta0.dtype) if m else None
         z = (theta0.to(W.dtype) - W[m:]).to(theta0.dtype)
         X = X.to(rhs.dtype)
