@@ -885,3 +885,25 @@ def test_cg_refine_reaches_the_em_trace_and_the_solver_outcome():
     # without refinement the trace has no certificate
     assert solver_outcome([{**t, "solver_data_error": None}
                            for t in post.trace])["max_data_error"] is None
+
+
+def test_cg_refine_stages_predictive_refines_the_draws_only():
+    """``cg_refine_stages = 'predictive'``: the EM's E-steps solve in float32 (no
+    certificate in the trace) and the predictive draws, which make the std, are refined
+    and certified within a tenth of the noise's norm, at a tenth of the scan's noise."""
+    from conftest import small_dip_problem
+
+    from ctuq.recon.methods.laplace import LaplaceSettings, laplace_posterior
+
+    p = small_dip_problem(80)
+    settings = LaplaceSettings(n_samples=4, em_steps=1, cg_refine=2,
+                               cg_refine_stages="predictive")
+    out = laplace_posterior(p.dip, p.op, p.y, 0.1 * p.sigma, settings, predictive_samples=4,
+                            learn_noise=False)
+    post = out["posterior"]
+    assert out["options"]["sampler"].options.refine == 0
+    assert post.trace and all(t["solver_data_error"] is None for t in post.trace)
+    records = [info["refine"] for info in post.draw_info]
+    assert records and all(r["supported"] and r["data_error"] <= 0.1 for r in records)
+    # the float32 draws at this noise are not within the bound: the refinement acted
+    assert max(r["data_error_start"] for r in records) > 0.1

@@ -88,7 +88,7 @@ def uncertainty_options(unc, *, learn_noise: bool, seed: int = 0) -> dict:
                    seed=int(seed))
     if unc.sampler == "cg":
         sampler = CGSampler(CGOptions(tol=float(unc.cg_tol), max_iter=int(unc.cg_max_iter),
-                                      refine=int(unc.cg_refine),
+                                      refine=refine_rounds(unc, "em"),
                                       precond_rank=int(unc.preconditioner_rank),
                                       precond_max_rank=unc.preconditioner_max_rank,
                                       precond_max_ratio=(
@@ -101,6 +101,14 @@ def uncertainty_options(unc, *, learn_noise: bool, seed: int = 0) -> dict:
     predcp = PredCPOptions(scale=float(unc.predcp_scale), samples=int(unc.predcp_samples)) \
         if unc.predcp else None
     return {"prior": unc.prior, "em": em, "sampler": sampler, "predcp": predcp}
+
+
+def refine_rounds(unc, stage: str) -> int:
+    """The float64 refinement rounds of ``stage``'s solves ('em' or 'predictive'):
+    ``cg_refine``, or 0 for the EM's where ``cg_refine_stages`` is 'predictive'."""
+    if stage == "em" and getattr(unc, "cg_refine_stages", "all") == "predictive":
+        return 0
+    return int(unc.cg_refine)
 
 
 def options_summary(options: dict) -> dict:

@@ -10,6 +10,7 @@ docs/evidence.md the measurements behind the defaults.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import fields
 from typing import Callable
 
@@ -68,7 +69,8 @@ def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: Lapl
     """
     from ctuq.posterior import FittedPosterior, Linearization
     from ctuq.recon import predictive
-    from ctuq.recon.evidence import ct_likelihood, fit_posterior, uncertainty_options
+    from ctuq.recon.evidence import (ct_likelihood, fit_posterior, refine_rounds,
+                                     uncertainty_options)
     from ctuq.recon.stages import StageRunner
 
     stages = stages or StageRunner(None)
@@ -94,6 +96,12 @@ def laplace_posterior(dip, op, y: torch.Tensor, noise_std: float, settings: Lapl
         drawn = with_tv_curvature(post, lin, factor=float(settings.tv_curvature),
                                   tv_weight=tv_weight, noise_std=float(noise_std))
     k = int(predictive_samples)
+    refine = refine_rounds(settings, "predictive")
+    options_of = getattr(drawn.sampler, "options", None)
+    if options_of is not None and getattr(options_of, "refine", refine) != refine:
+        # cg_refine_stages = 'predictive': the EM solved in float32, the draws refine
+        drawn = dataclasses.replace(drawn, sampler=type(drawn.sampler)(
+            dataclasses.replace(options_of, refine=refine)))
 
     def draw():
         emit_progress(progress, "predictive", 0, k, "posterior samples")
