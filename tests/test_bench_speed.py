@@ -147,3 +147,17 @@ def test_own_cpu_counts_a_finished_child():
     assert _own_cpu_s() - before >= 0.45
     busy = _busy_cpu_s()
     assert busy is None or busy > 0
+
+
+def test_the_refinement_certificates_reach_the_provenance():
+    """``cg_refine`` with ``cg_refine_stages = 'predictive'``: the stage record says how far
+    the predictive draws (the std) are certified, and that the EM's solves were not
+    refined; without refinement there is no certificate."""
+    from ctuq.bench.speed import merge_settings, one_run
+
+    refined = merge_settings(TINY, {"uncertainty": {"laplace": {
+        "cg_refine": 2, "cg_refine_stages": "predictive", "cg_max_iter": 200}}})
+    cert = one_run(16, refined, scan={"n_angles": 12}, threads=1)["stages"]["certificates"]
+    assert cert["em"] is None and 0 <= cert["predictive"] <= 0.1
+    plain = one_run(16, TINY, scan={"n_angles": 12}, threads=1)["stages"]
+    assert "certificates" not in plain

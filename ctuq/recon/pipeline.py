@@ -430,7 +430,10 @@ def stage_record(s: _Slice) -> dict:
     counts its own recorded seconds. ``counts``: ``dip_iterations`` (and
     ``dip_heldout_iterations``),
     ``em_steps`` and ``solver_iterations`` / ``cg_iterations`` (summed over the
-    EM steps) where reported.
+    EM steps) where reported. ``certificates``, with ``cg_refine``: the largest
+    certified data-space error of the samples over the noise's norm, of the EM's
+    E-steps (``em``) and of the predictive draws that make the std (``predictive``);
+    None where those solves were not refined.
     """
     seconds = dict(s.stage_seconds)
     for name in ("dip",):  # a resumed stage took its recorded time, not the loading's
@@ -459,7 +462,12 @@ def stage_record(s: _Slice) -> dict:
             vals = [t[key] for t in trace if isinstance(t.get(key), (int, float))]
             if vals:
                 counts[key] = int(sum(vals))
-    return {"seconds": {k: float(v) for k, v in seconds.items()}, "counts": counts}
+    record = {"seconds": {k: float(v) for k, v in seconds.items()}, "counts": counts}
+    em = solver_outcome(trace)["max_data_error"] if trace else None
+    drawn = (getattr(s.outcome, "summary", None) or {}).get("predictive_data_error")
+    if em is not None or drawn is not None:
+        record["certificates"] = {"em": em, "predictive": drawn}
+    return record
 
 
 def _metrics_stage(s: _Slice) -> None:
