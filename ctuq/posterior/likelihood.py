@@ -83,6 +83,9 @@ class Likelihood:
     #: refinement needs it); a subclass that can says so.
     supports_float64: bool = False
 
+    def release_float64(self) -> None:
+        """Drop what the float64 products keep between calls (nothing here)."""
+
     # -- shared ---------------------------------------------------------------------
     @property
     def num_params(self) -> int:
@@ -320,6 +323,10 @@ class LinearGaussianLikelihood(Likelihood):
         """Whether ``phi``/``phi_t`` compute in float64 when given float64 (the network
         recomputed in float64 and an operator that projects in float64)."""
         return bool(getattr(self.raw_operator, "supports_float64", False))
+
+    def release_float64(self) -> None:
+        """Drop the network's float64 copy (:meth:`Linearization.release_float64`)."""
+        self.lin.release_float64()
 
     def phi(self, v: Tensor, idx: Tensor | None = None) -> Tensor:
         """``Φ_S v``; in float64 for a float64 ``v`` where :attr:`supports_float64`."""

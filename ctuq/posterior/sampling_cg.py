@@ -595,7 +595,7 @@ class CGSampler(Sampler):
         W = kern.sigma_phi_t(X)
         if refined is not None and refined["checked"] == "float64":
             # the float64 network's forward pass is not needed until the next solve's check
-            getattr(likelihood.lin, "release_float64", lambda: None)()
+            likelihood.release_float64()
         theta_star = W[0].to(theta0.dtype) if m else None
         z = (theta0.to(W.dtype) - W[m:]).to(theta0.dtype)
         X = X.to(rhs.dtype)
