@@ -464,7 +464,7 @@ def stage_record(s: _Slice) -> dict:
                 counts[key] = int(sum(vals))
     record = {"seconds": {k: float(v) for k, v in seconds.items()}, "counts": counts}
     em = solver_outcome(trace)["max_data_error"] if trace else None
-    drawn = (getattr(s.outcome, "summary", None) or {}).get("predictive_data_error")
+    drawn = (getattr(s.outcome, "diagnostics", None) or {}).get("predictive_data_error")
     if em is not None or drawn is not None:
         record["certificates"] = {"em": em, "predictive": drawn}
     return record

@@ -82,6 +82,10 @@ class UncertaintyOutcome:
     summary : dict
         JSON-able entries added to the result's effective config (e.g.
         ``{'evidence': ...}``).
+    diagnostics : dict
+        JSON-able results of the method's own solves that are not settings
+        (e.g. ``predictive_data_error``); read by the result's stage record,
+        kept out of the effective config.
     timings : dict
         Seconds per sub-stage.
     refit : bool
@@ -102,6 +106,7 @@ class UncertaintyOutcome:
     hyperparameters: dict = field(default_factory=dict)
     trace: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)
+    diagnostics: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     refit: bool = False
     mean_step: MeanStep | None = None

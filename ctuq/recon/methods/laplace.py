@@ -164,18 +164,12 @@ def linear_step_of_fit(post, *, seed: int = 0) -> Callable:
     return step
 
 
-def _summary(options: dict, draw_info) -> dict:
-    """The outcome's summary: the engine's options (``evidence``) and, where the predictive
-    draws were refined (``cg_refine``), their largest certified data-space error over the
-    noise's norm (``predictive_data_error``)."""
-    from ctuq.recon.evidence import options_summary
-
-    summary = {"evidence": options_summary(options)}
+def _diagnostics(draw_info) -> dict:
+    """Where the predictive draws were refined (``cg_refine``): their largest certified
+    data-space error over the noise's norm (``predictive_data_error``)."""
     certified = [d["refine"]["data_error"] for d in draw_info or []
                  if (d.get("refine") or {}).get("data_error") is not None]
-    if certified:
-        summary["predictive_data_error"] = float(max(certified))
-    return summary
+    return {"predictive_data_error": float(max(certified))} if certified else {}
 
 
 class LaplaceMethod(UncertaintyMethod):
@@ -193,6 +187,7 @@ class LaplaceMethod(UncertaintyMethod):
         return HELDOUT if settings.mean == "linear-heldout" else None
 
     def run(self, problem, dip, *, stages, progress=None, cancel=None) -> UncertaintyOutcome:
+        from ctuq.recon.evidence import options_summary
         from ctuq.recon.posterior_handle import LinearisedPosterior
 
         s = self.settings
@@ -217,5 +212,6 @@ class LaplaceMethod(UncertaintyMethod):
             posterior=LinearisedPosterior(post, out["linearization"], mean.cpu().numpy(),
                                           seed=problem.seed),
             hyperparameters=post.hyperparameters(), trace=post.trace,
-            summary=_summary(out["options"], post.draw_info), timings=out["timings"],
+            summary={"evidence": options_summary(out["options"])},
+            diagnostics=_diagnostics(post.draw_info), timings=out["timings"],
             refit=step is not None, mean_step=step)
