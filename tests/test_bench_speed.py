@@ -161,3 +161,12 @@ def test_the_refinement_certificates_reach_the_provenance():
     assert cert["em"] is None and 0 <= cert["predictive"] <= 0.1
     plain = one_run(16, TINY, scan={"n_angles": 12}, threads=1)["stages"]
     assert "certificates" not in plain
+
+
+def test_the_64_preset_refines_its_predictive_draws_by_default():
+    """``dip-64`` refines the predictive draws, not the EM's solves, without being asked
+    (16² above, on ``reference-28``, it does not)."""
+    from ctuq.bench.speed import one_run
+
+    cert = one_run(64, TINY, scan={"n_angles": 12}, threads=1)["stages"]["certificates"]
+    assert cert["em"] is None and cert["predictive"] is not None

@@ -75,10 +75,15 @@ UNCERTAINTY_DEFAULTS: dict[str, dict] = {
     # no progress at rank 400 (relative residual 1.0), and the EM took its zero mode
     # at its word (the prior precision 3423 -> 0.006 in one step, still moving at the step
     # cap); solves that converge are untouched (docs/dip.md §11)
+    # the predictive draws' solves refined in float64 (cg_refine 2, the EM's left in
+    # float32): at 1 % noise the float32 draws missed the data by up to 4 noise norms and
+    # made one validation ellipse's posterior std 30 % too wide; on the test split (35
+    # Gaussian, 25 realistic scans at 64², 5 realistic I0 1e5 scans at 128²) the interval
+    # and LL did not move (docs/dip.md §21)
     "dip-64": dict(n_samples=8, predictive_samples=32, predcp_samples=16, em_steps=5,
                    preconditioner_rank=400, preconditioner_max_rank=1600,
                    preconditioner_max_ratio=None, preconditioner_grow_after=100,
-                   dip_from_heldout=0.5,
+                   dip_from_heldout=0.5, cg_refine=2, cg_refine_stages="predictive",
                    heldout_calibration_floor="checked", heldout_texture_threshold=0.35),
     # held-out prior width 0.02, not 0.1: on 10 realistic 128² validation scans the
     # held-out fit (1,640 left-out rays) reads s1 at 2-3x the calibration's and every
@@ -93,7 +98,8 @@ UNCERTAINTY_DEFAULTS: dict[str, dict] = {
     # separate fits (docs/speed.md)
     "dip-128": dict(n_samples=8, predictive_samples=32, predcp_samples=16,
                     preconditioner_rank=200, heldout_prior_width=0.02,
-                    heldout_calibration_floor="checked"),
+                    heldout_calibration_floor="checked", cg_refine=2,
+                    cg_refine_stages="predictive"),
     "dip-256": dict(n_samples=4, predictive_samples=32, predcp_samples=16, em_steps=4,
                     preconditioner_rank=400),
     # the sampling paper: few samples suffice for large models (γ̂'s relative error
