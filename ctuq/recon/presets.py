@@ -77,9 +77,9 @@ UNCERTAINTY_DEFAULTS: dict[str, dict] = {
     # cap); solves that converge are untouched (docs/dip.md §11)
     # the predictive draws' solves refined in float64 (cg_refine 2, the EM's left in
     # float32): at 1 % noise the float32 draws missed the data by up to 4 noise norms and
-    # made one validation ellipse's posterior std 30 % too wide; on the test split (35
-    # Gaussian, 25 realistic scans at 64², 5 realistic I0 1e5 scans at 128²) the interval
-    # and LL did not move (docs/dip.md §21)
+    # made one validation ellipse's posterior std 30 % too wide; on the 60 64² test scans
+    # (35 Gaussian, 25 realistic) the interval and LL did not move. Not yet dip-128's: on
+    # a realistic 128² test scan at I0 1e5 it lowered the LL by 0.02 (docs/defaults.md)
     "dip-64": dict(n_samples=8, predictive_samples=32, predcp_samples=16, em_steps=5,
                    preconditioner_rank=400, preconditioner_max_rank=1600,
                    preconditioner_max_ratio=None, preconditioner_grow_after=100,
@@ -98,8 +98,7 @@ UNCERTAINTY_DEFAULTS: dict[str, dict] = {
     # separate fits (docs/speed.md)
     "dip-128": dict(n_samples=8, predictive_samples=32, predcp_samples=16,
                     preconditioner_rank=200, heldout_prior_width=0.02,
-                    heldout_calibration_floor="checked", cg_refine=2,
-                    cg_refine_stages="predictive"),
+                    heldout_calibration_floor="checked"),
     "dip-256": dict(n_samples=4, predictive_samples=32, predcp_samples=16, em_steps=4,
                     preconditioner_rank=400),
     # the sampling paper: few samples suffice for large models (γ̂'s relative error

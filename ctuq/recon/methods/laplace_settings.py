@@ -86,15 +86,14 @@ class LaplaceSettings:
         convergence (docs/dip.md §21). Costs one float64 product per solve,
         and a second solve where it refines; needs the matrix backend of the
         ray transform (skipped with a log note on the ASTRA one). Default 0
-        (off); the ``dip-64`` and ``dip-128`` presets: 2.
+        (off); the ``dip-64`` preset: 2.
     cg_refine_stages : {'all', 'predictive'}
         Which solves ``cg_refine`` refines: every one (the EM's and the
         predictive draws'), or the predictive draws only, which make the
         std (on a 64² validation scan at 1 % noise the EM's hyperparameters
         came out the same to four digits either way while the predictive
         draws' error made the posterior std 30 % too wide; docs/dip.md §21).
-        Default ``'all'``; the ``dip-64`` and ``dip-128`` presets:
-        ``'predictive'``.
+        Default ``'all'``; the ``dip-64`` preset: ``'predictive'``.
     preconditioner_rank : int
         Rank of the Nyström preconditioner (with ``preconditioner_max_rank``
         the first rank tried). Default 100 (the presets for 64² and larger
