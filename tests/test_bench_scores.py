@@ -113,7 +113,9 @@ def test_speed_probe_times_each_kind_of_work_with_the_current_threads():
     assert probe["threads"] == 1
     figures = {k: v for k, v in probe.items() if k != "threads"}
     assert set(figures) == {"matmul_gflops", "conv_ms", "op_overhead_us", "copy_gb_s",
-                            "python_ns"}
+                            "python_ns", "unet_step_ms"}
     assert all(math.isfinite(v) and v > 0 for v in figures.values())
     # a kernel launch costs less than a 64² convolution's forward and backward
     assert probe["op_overhead_us"] < 1e3 * probe["conv_ms"]
+    # a U-net step is made of many such convolutions
+    assert probe["conv_ms"] < probe["unet_step_ms"]

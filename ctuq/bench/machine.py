@@ -48,8 +48,8 @@ def machine(device="cpu") -> dict:
 def speed_probe(repeats: int = 5) -> dict:
     """How fast this CPU runs the kinds of work a reconstruction is made of, right now.
 
-    Five small timings on the CPU with torch's current thread count (about
-    half a second in all), each the median of ``repeats``:
+    Six small timings on the CPU with torch's current thread count (about
+    a second in all), each the median of ``repeats``:
 
     - ``matmul_gflops``: a 1024 × 1024 float32 matrix product (the arithmetic units);
     - ``conv_ms``: forward and backward of one 16-channel 3×3 convolution of a
@@ -58,7 +58,12 @@ def speed_probe(repeats: int = 5) -> dict:
       torch spends on a kernel launch, which small networks pay per layer);
     - ``copy_gb_s``: copying 64 MiB (bytes read and written per second, the
       memory's bandwidth);
-    - ``python_ns``: one iteration of a plain Python loop.
+    - ``python_ns``: one iteration of a plain Python loop;
+    - ``unet_step_ms``: one training step of the ``dip-64`` U-net on a 64²
+      input (forward, backward of a squared loss, Adam), the work a ``dip-64``
+      DIP fit repeats: on 2026-12-03 its fit ran at half its usual speed while
+      the four figures above read faster than on a slow day before
+      (docs/speed.md, "How fast the machine was").
 
     Benchmarks record it beside their timings, so that a slow day (the same
     machine at a fraction of its usual speed, with no other load) is seen in
@@ -67,18 +72,28 @@ def speed_probe(repeats: int = 5) -> dict:
     Returns
     -------
     dict
-        The five figures and ``threads``.
+        The six figures and ``threads``.
     """
+    from ctuq.models.unet import build_unet
+
     with torch.random.fork_rng(devices=[]):  # leaves the global random state as it was
         a = torch.randn(1024, 1024)
         conv = torch.nn.Conv2d(16, 16, 3, padding=1)
         x = torch.randn(1, 16, 64, 64, requires_grad=True)
+        net = build_unet("dip-64", seed=0)
+        z = torch.randn(1, net.config.in_channels, 64, 64)
+    adam = torch.optim.Adam(net.parameters(), lr=1e-4)
     one = torch.zeros(1)
     src = torch.ones(16 * 2**20)  # 64 MiB of float32
     dst = torch.empty_like(src)
 
     def conv_step():
         conv(x).sum().backward()
+
+    def unet_step():
+        adam.zero_grad(set_to_none=True)
+        net(z).square().mean().backward()
+        adam.step()
 
     def ops(n=1000):
         for _ in range(n):
@@ -95,7 +110,8 @@ def speed_probe(repeats: int = 5) -> dict:
             "conv_ms": 1e3 * median_s(conv_step, repeats),
             "op_overhead_us": 1e6 * median_s(ops, repeats) / 1000,
             "copy_gb_s": 2 * src.nbytes / median_s(lambda: dst.copy_(src), repeats) / 1e9,
-            "python_ns": 1e9 * median_s(loop, repeats) / 100_000}
+            "python_ns": 1e9 * median_s(loop, repeats) / 100_000,
+            "unet_step_ms": 1e3 * median_s(unet_step, repeats)}
 
 
 def sync(device) -> None:
